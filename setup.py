@@ -1,0 +1,84 @@
+"""Build of torch-fallback's two shared libraries against the installed torch.
+
+Build with no build isolation, in the environment whose torch you will run:
+    pip wheel --no-build-isolation --no-deps -w dist .
+"""
+
+import json
+from pathlib import Path
+
+from setuptools import setup
+
+try:
+    import torch
+    from torch.utils.cpp_extension import BuildExtension, CppExtension
+except ImportError as error:  # pragma: no cover - depends on the build environment
+    raise SystemExit(
+        "torch-fallback compiles against the torch installed in this environment, and torch "
+        f"cannot be imported ({error}). Install the torch you will run first, then build "
+        "without build isolation: pip wheel --no-build-isolation --no-deps ."
+    ) from error
+
+CSRC = Path("src/torch_fallback/csrc")
+BUILD_INFO = "_build_info.json"
+CXX_FLAGS = ["-O2", "-g0", "-fvisibility=hidden", "-Wall", "-Wno-unused-parameter"]
+
+
+def sources(*names: str) -> list[str]:
+    return [str(CSRC / name) for name in names]
+
+
+def build_info() -> dict:
+    return {
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda,
+    }
+
+
+class BuildWithInfo(BuildExtension):
+    """Compiles the extensions and records which torch they were built against.
+
+    torch_fallback reads the record before it loads _C, so that a torch other
+    than the one built against gives a clear ImportError instead of an
+    undefined-symbol error from the dynamic loader.
+    """
+
+    def run(self) -> None:
+        super().run()
+        package_dir = Path(self.get_ext_fullpath("torch_fallback._C")).parent
+        (package_dir / BUILD_INFO).write_text(json.dumps(build_info(), indent=2) + "\n")
+
+
+info = build_info()
+version_macros = [
+    ("TORCH_FALLBACK_BUILT_TORCH", json.dumps(info["torch_version"])),
+    ("TORCH_FALLBACK_BUILT_CUDA", json.dumps(info["cuda_version"] or "")),
+]
+
+extensions = [
+    CppExtension(
+        "torch_fallback._C",
+        sources(
+            "bindings.cpp",
+            "cuda_access.cpp",
+            "settings.cpp",
+            "metrics.cpp",
+            "fallback.cpp",
+            "relay/storage.cpp",
+            "relay/device.cpp",
+            "relay/kernels.cpp",
+        ),
+        define_macros=version_macros,
+        extra_compile_args={"cxx": CXX_FLAGS},
+        # The c10::cuda symbols stay undefined in _C: libc10_cuda.so (through
+        # libtorch.so's dependencies) or the stub library defines them at load.
+        extra_link_args=["-Wl,--no-as-needed"],
+    ),
+    CppExtension(
+        "torch_fallback._C_cuda_functions",
+        sources("cuda_functions_stub.cpp"),
+        extra_compile_args={"cxx": CXX_FLAGS},
+    ),
+]
+
+setup(ext_modules=extensions, cmdclass={"build_ext": BuildWithInfo})

@@ -1,0 +1,151 @@
+// The only ops relay implements natively: allocation, copies, resize, views
+// and set_. Every other op reaches the boxed fallback, registered at the end.
+#include <ATen/EmptyTensor.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include "relay.h"
+
+namespace torch_fallback::relay {
+namespace {
+
+at::Tensor empty_memory_format(c10::SymIntArrayRef size, std::optional<at::ScalarType> dtype,
+                               std::optional<at::Layout> /*layout*/,
+                               std::optional<at::Device> device, std::optional<bool> /*pin*/,
+                               std::optional<at::MemoryFormat> memory_format) {
+  const c10::DeviceGuard guard(device.value_or(c10::Device(c10::DeviceType::PrivateUse1)));
+  return at::detail::empty_generic(C10_AS_INTARRAYREF_SLOW(size), allocator(),
+                                   c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                   c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
+                         std::optional<at::ScalarType> dtype, std::optional<at::Layout> /*layout*/,
+                         std::optional<at::Device> device, std::optional<bool> /*pin*/) {
+  const c10::DeviceGuard guard(device.value_or(c10::Device(c10::DeviceType::PrivateUse1)));
+  return at::detail::empty_strided_generic(
+      C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride), allocator(),
+      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::dtype_or_default(dtype));
+}
+
+at::Tensor on_home(const at::Tensor& tensor) {
+  return tensor.device().type() == c10::DeviceType::PrivateUse1 ? home_view(backend(), tensor)
+                                                                 : tensor;
+}
+
+// Copies between relay and CPU, CUDA or relay: each relay side is seen as the
+// CPU or CUDA tensor sharing its memory, and the copy runs there.
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  on_home(dst).copy_(on_home(self), non_blocking);
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  dst.resize_(self.sizes());
+  return copy_from(self, dst, /*non_blocking=*/false);
+}
+
+const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
+                          std::optional<at::MemoryFormat> memory_format) {
+  auto* impl = self.unsafeGetTensorImpl();
+  at::native::resize_impl_cpu_(impl, C10_AS_INTARRAYREF_SLOW(size), std::nullopt,
+                               /*resize_storage=*/false);
+  if (memory_format) impl->empty_tensor_restride(*memory_format);
+  const size_t needed = at::detail::computeStorageNbytes(
+      self.sizes(), self.strides(), self.dtype().itemsize(), self.storage_offset());
+  if (self.numel() > 0 && needed > self.storage().nbytes()) {
+    resize_storage_bytes(self.storage(), needed);
+  }
+  return self;
+}
+
+at::Tensor as_strided(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
+                      std::optional<c10::SymInt> storage_offset) {
+  return at::native::as_strided_tensorimpl(
+      self, C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride),
+      storage_offset ? std::optional<int64_t>(storage_offset->expect_int()) : std::nullopt);
+}
+
+at::Tensor view(const at::Tensor& self, c10::SymIntArrayRef size) {
+  return at::native::view(self, C10_AS_INTARRAYREF_SLOW(size));
+}
+
+at::Tensor reshape_alias(const at::Tensor& self, c10::SymIntArrayRef size,
+                         c10::SymIntArrayRef stride) {
+  return at::native::_reshape_alias(self, C10_AS_INTARRAYREF_SLOW(size),
+                                    C10_AS_INTARRAYREF_SLOW(stride));
+}
+
+at::Tensor unfold(const at::Tensor& self, int64_t dimension, int64_t size, int64_t step) {
+  return at::native::unfold(self, dimension, size, step);
+}
+
+at::Tensor& set_storage(at::Tensor& self, at::Storage source, c10::SymInt storage_offset,
+                        c10::SymIntArrayRef size, c10::SymIntArrayRef stride) {
+  const int64_t offset = storage_offset.expect_int();
+  const auto sizes = C10_AS_INTARRAYREF_SLOW(size);
+  const auto strides = C10_AS_INTARRAYREF_SLOW(stride);
+  at::native::checkSetStorage(self, std::move(source), offset, sizes, strides);
+  self.unsafeGetTensorImpl()->set_storage_offset(offset);
+  const at::OptionalIntArrayRef stride_opt =
+      strides.data() != nullptr ? at::OptionalIntArrayRef(strides) : std::nullopt;
+  at::native::resize_impl_cpu_(self.unsafeGetTensorImpl(), sizes, stride_opt,
+                               /*resize_storage=*/false);
+  const size_t needed = at::detail::computeStorageNbytes(
+      self.sizes(), self.strides(), self.dtype().itemsize(), self.storage_offset());
+  if (self.numel() > 0 && needed > self.storage().nbytes()) {
+    resize_storage_bytes(self.storage(), needed);
+  }
+  return self;
+}
+
+at::Tensor& set_source_storage(at::Tensor& self, at::Storage source) {
+  const auto itemsize = static_cast<int64_t>(self.dtype().itemsize());
+  const int64_t numel = static_cast<int64_t>(source.nbytes()) / itemsize;
+  return set_storage(self, std::move(source), 0, c10::SymIntArrayRef({c10::SymInt(numel)}), {});
+}
+
+at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) {
+  if (self.is_same(source)) return self;
+  return set_storage(self, source.storage(), source.sym_storage_offset(), source.sym_sizes(),
+                     source.sym_strides());
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  c10::Storage empty(c10::Storage::use_byte_size_t(), 0, allocator()->allocate(0), allocator(),
+                     /*resizable=*/true);
+  return set_storage(self, std::move(empty), 0, c10::SymIntArrayRef({c10::SymInt(0)}), {});
+}
+
+void relay_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  boxed_fallback(backend(), op, stack);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
+  m.impl("empty_strided", TORCH_FN(empty_strided));
+  m.impl("_copy_from", TORCH_FN(copy_from));
+  m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+  m.impl("resize_", TORCH_FN(resize_));
+  m.impl("as_strided", TORCH_FN(as_strided));
+  m.impl("view", TORCH_FN(view));
+  m.impl("_reshape_alias", TORCH_FN(reshape_alias));
+  m.impl("unfold", TORCH_FN(unfold));
+  m.impl("set_.source_Storage", TORCH_FN(set_source_storage));
+  m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage));
+  m.impl("set_.source_Tensor", TORCH_FN(set_source_tensor));
+  m.impl("set_", TORCH_FN(set_empty));
+}
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&relay_fallback>());
+}
+
+}  // namespace torch_fallback::relay

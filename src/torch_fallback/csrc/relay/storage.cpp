@@ -1,0 +1,156 @@
+// relay memory: the allocator, the home of each storage, and zero-copy views
+// between relay storages and CPU or CUDA storages.
+#include <atomic>
+
+#include <ATen/ops/from_blob.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
+#include <c10/core/DeviceGuard.h>
+
+#include "../cuda_access.h"
+#include "relay.h"
+
+namespace torch_fallback::relay {
+namespace {
+
+std::atomic<Home> g_home{Home::Host};
+
+// The deleters double as home tags: a storage's home is read off its deleter.
+void free_host(void* ptr) { c10::free_cpu(ptr); }
+void free_cuda(void* ctx) { delete static_cast<c10::DataPtr*>(ctx); }
+void release_adopted_host(void* ctx) { delete static_cast<c10::Storage*>(ctx); }
+void release_adopted_cuda(void* ctx) { delete static_cast<c10::Storage*>(ctx); }
+void release_home_view(void* ctx) { delete static_cast<c10::Storage*>(ctx); }
+
+c10::Device relay_device(c10::DeviceIndex index) {
+  return c10::Device(c10::DeviceType::PrivateUse1, index);
+}
+
+c10::DataPtr allocate_on(Home home, c10::DeviceIndex index, size_t nbytes) {
+  if (home == Home::Host) {
+    void* ptr = nbytes == 0 ? nullptr : c10::alloc_cpu(nbytes);
+    return {ptr, ptr, &free_host, relay_device(index)};
+  }
+  cuda::check_usable("a relay tensor with home 'cuda' (TORCH_FALLBACK_RELAY_HOME=cuda)");
+  TORCH_CHECK(index < cuda::device_count(), "torch_fallback: relay:", static_cast<int>(index),
+              " homes its memory on cuda:", static_cast<int>(index), ", but only ",
+              static_cast<int>(cuda::device_count()), " GPU(s) are visible.");
+  c10::DeviceGuard guard(c10::Device(c10::kCUDA, index));
+  auto* cuda_memory = new c10::DataPtr(c10::GetAllocator(c10::kCUDA)->allocate(nbytes));
+  return {cuda_memory->get(), cuda_memory, &free_cuda, relay_device(index)};
+}
+
+class RelayAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t nbytes) override {
+    return allocate_on(current_home(), current_device(), nbytes);
+  }
+
+  void copy_data(void* dest, const void* src, size_t count) const override {
+    if (current_home() == Home::Host) {
+      default_copy_data(dest, src, count);
+      return;
+    }
+    const c10::Device device(c10::kCUDA, current_device());
+    const auto bytes = at::TensorOptions().dtype(at::kByte).device(device);
+    const auto n = static_cast<int64_t>(count);
+    at::from_blob(dest, {n}, bytes).copy_(at::from_blob(const_cast<void*>(src), {n}, bytes));
+  }
+};
+
+RelayAllocator g_allocator;
+
+}  // namespace
+
+REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_allocator);
+
+Home current_home() { return g_home.load(std::memory_order_relaxed); }
+void set_current_home(Home home) { g_home.store(home, std::memory_order_relaxed); }
+
+Home parse_home(const std::string& name) {
+  if (name == "cpu") return Home::Host;
+  if (name == "cuda") return Home::Cuda;
+  TORCH_CHECK_VALUE(false, "torch_fallback: unknown relay home '", name,
+                    "'; valid homes are 'cpu' (host memory) and 'cuda' (GPU memory) "
+                    "(TORCH_FALLBACK_RELAY_HOME or torch_fallback.set_relay_home).");
+}
+
+std::string home_name(Home home) { return home == Home::Host ? "cpu" : "cuda"; }
+
+c10::Allocator* allocator() { return &g_allocator; }
+
+Home home_of(const c10::Storage& storage) {
+  const auto deleter = storage.data_ptr().get_deleter();
+  if (deleter == &free_cuda || deleter == &release_adopted_cuda) return Home::Cuda;
+  if (deleter == &free_host || deleter == &release_adopted_host) return Home::Host;
+  TORCH_CHECK(false, "torch_fallback: a relay storage was not allocated by relay's allocator, "
+                     "so its home (host or GPU memory) is unknown.");
+}
+
+c10::Device home_device(const c10::Storage& storage) {
+  if (home_of(storage) == Home::Host) return c10::Device(c10::kCPU);
+  return c10::Device(c10::kCUDA, storage.device().index());
+}
+
+c10::Storage home_storage(const c10::Storage& storage) {
+  const c10::Device device = home_device(storage);
+  // Resizable through the home device's allocator, so that an out= argument
+  // may grow; the fallback then sees the new memory and copies back.
+  c10::Allocator* home_allocator =
+      device.is_cpu() ? c10::GetCPUAllocator() : c10::GetAllocator(c10::kCUDA);
+  c10::DataPtr data(const_cast<void*>(storage.data()), new c10::Storage(storage),
+                    &release_home_view, device);
+  return c10::Storage(c10::Storage::use_byte_size_t(), storage.nbytes(), std::move(data),
+                      home_allocator, /*resizable=*/true);
+}
+
+c10::Device output_home(c10::DeviceIndex index) {
+  if (current_home() == Home::Host) return c10::Device(c10::kCPU);
+  cuda::check_usable("a relay tensor with home 'cuda' (TORCH_FALLBACK_RELAY_HOME=cuda)");
+  return c10::Device(c10::kCUDA, index);
+}
+
+at::Tensor adopt(const at::Tensor& home_tensor, c10::DeviceIndex index) {
+  const c10::Storage& source = home_tensor.storage();
+  const bool on_cuda = home_tensor.is_cuda();
+  c10::DataPtr data(const_cast<void*>(source.data()), new c10::Storage(source),
+                    on_cuda ? &release_adopted_cuda : &release_adopted_host, relay_device(index));
+  c10::Storage storage(c10::Storage::use_byte_size_t(), source.nbytes(), std::move(data),
+                       allocator(), /*resizable=*/true);
+  auto tensor = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+      home_tensor.dtype());
+  tensor.unsafeGetTensorImpl()->set_sizes_and_strides(
+      home_tensor.sizes(), home_tensor.strides(), home_tensor.storage_offset());
+  return tensor;
+}
+
+void resize_storage_bytes(const c10::Storage& storage, size_t nbytes) {
+  TORCH_CHECK(storage.resizable(), "torch_fallback: this relay storage is not resizable.");
+  const c10::DeviceIndex index = storage.device().index();
+  const Home home = storage.nbytes() == 0 && storage.data() == nullptr
+                        ? current_home()
+                        : home_of(storage);
+  c10::DataPtr fresh = allocate_on(home, index, nbytes);
+  const size_t keep = std::min(nbytes, storage.nbytes());
+  if (keep > 0) {
+    const c10::Device device = home == Home::Host ? c10::Device(c10::kCPU)
+                                                  : c10::Device(c10::kCUDA, index);
+    const auto bytes = at::TensorOptions().dtype(at::kByte).device(device);
+    const auto n = static_cast<int64_t>(keep);
+    at::from_blob(fresh.get(), {n}, bytes)
+        .copy_(at::from_blob(const_cast<void*>(storage.data()), {n}, bytes));
+  }
+  auto* impl = storage.unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(std::move(fresh));
+  impl->set_nbytes(nbytes);
+}
+
+const BackendAdapter& backend() {
+  static const BackendAdapter adapter{
+      c10::DeviceType::PrivateUse1, &home_device, &home_storage, &output_home, &adopt,
+  };
+  return adapter;
+}
+
+}  // namespace torch_fallback::relay
