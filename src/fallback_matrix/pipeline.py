@@ -1,0 +1,115 @@
+"""Run cells one after another: wheelhouse on the host, then the job in its runner."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .cells import Cell
+from .console import CellLog, Reporter
+from .errors import MatrixError
+from .loader import LoadedMatrix
+from .project import dependency_groups
+from .runners.base import CellWork, Runner
+from .sources import source_files
+from .summary import LOG_FILE, RESULT_FILE
+from .wheelhouse import WheelhouseRequest, ensure_wheelhouse
+
+
+@dataclass(frozen=True)
+class CellResult:
+    cell: str
+    runner: str
+    exit_code: int
+    seconds: float
+    log: Path
+    error: str | None
+
+    @property
+    def passed(self) -> bool:
+        return self.exit_code == 0
+
+
+def _fresh_dir(path: Path) -> Path:
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path
+
+
+def run_cell(
+    matrix: LoadedMatrix,
+    cell: Cell,
+    runner: Runner,
+    *,
+    cache_root: Path,
+    artifacts_root: Path,
+    gpus: bool,
+    reporter: Reporter,
+) -> CellResult:
+    """Run one cell; failures end up in the result (and its log), never as an exception."""
+    artifacts = _fresh_dir(artifacts_root / cell.name)
+    started = time.monotonic()
+    error: str | None = None
+    exit_code = 1
+    where = runner.name
+    with CellLog(reporter, cell.name, artifacts / LOG_FILE) as log:
+        log.step(
+            f"torch=={cell.torch} ({cell.variant}), Python {cell.python}, tests {' '.join(cell.tests.paths)} "
+            f"-m {cell.tests.markers!r}, index {cell.index.url} ({cell.index.source})"
+        )
+        try:
+            requirements = dependency_groups(matrix.root / "pyproject.toml")
+            request = WheelhouseRequest.for_cell(cell, requirements)
+            wheelhouse = ensure_wheelhouse(request, cell.index.url, cache_root, log)
+            work = CellWork(
+                cell=cell,
+                requirements=requirements,
+                sources=source_files(matrix.root),
+                repo=matrix.root,
+                wheelhouse=wheelhouse,
+                artifacts=artifacts,
+                cache_root=cache_root,
+                gpus=gpus,
+            )
+            outcome = runner.run(work, log)
+            exit_code, where = outcome.exit_code, outcome.where
+            if exit_code != 0:
+                error = f"cell {cell.name} failed in {where} (exit status {exit_code}); log: {log.path}"
+        except MatrixError as problem:
+            error = str(problem)
+            if cell.name not in error:
+                error = f"cell {cell.name}: {error}"
+            log.line(f"error: {error}")
+    seconds = round(time.monotonic() - started, 1)
+    record = {"cell": cell.name, "runner": runner.name, "where": where, "exit_code": exit_code,
+              "seconds": seconds, "error": error}
+    (artifacts / RESULT_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return CellResult(cell.name, runner.name, exit_code, seconds, artifacts / LOG_FILE, error)
+
+
+def run_cells(
+    matrix: LoadedMatrix,
+    cells: Sequence[Cell],
+    runner: Runner,
+    *,
+    cache_root: Path,
+    artifacts_root: Path,
+    gpus: bool,
+    reporter: Reporter,
+) -> list[CellResult]:
+    results = []
+    for number, cell in enumerate(cells, start=1):
+        reporter.rule(f"cell {cell.name} ({number}/{len(cells)}) - runner {runner.name}")
+        result = run_cell(
+            matrix, cell, runner,
+            cache_root=cache_root, artifacts_root=artifacts_root, gpus=gpus, reporter=reporter,
+        )
+        state = "passed" if result.passed else "FAILED"
+        reporter.step(cell.name, f"{state} in {result.seconds:.0f}s (log {result.log})")
+        results.append(result)
+    return results

@@ -1,0 +1,1 @@
+"""Runners execute one cell's job: `local` on the host, `docker` in the cell's image."""

@@ -1,0 +1,59 @@
+"""What every runner receives and returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+from ..cell_job import Job
+from ..cells import Cell
+from ..console import CellLog
+
+RunnerName = Literal["docker", "local"]
+RunnerChoice = Literal["docker", "local", "auto"]
+
+
+@dataclass(frozen=True)
+class CellWork:
+    """One cell to run, with host paths; each runner maps them to where the job sees them."""
+
+    cell: Cell
+    requirements: tuple[str, ...]
+    sources: tuple[str, ...]
+    repo: Path
+    wheelhouse: Path
+    artifacts: Path
+    cache_root: Path
+    gpus: bool
+
+    def job(self, *, repo: str, wheelhouse: str, cache: str, work: str, artifacts: str) -> Job:
+        tests = self.cell.tests
+        return Job(
+            cell=self.cell.name,
+            torch_requirement=self.cell.torch_requirement,
+            expected_cuda=self.cell.cuda,
+            requirements=list(self.requirements),
+            test_paths=list(tests.paths),
+            test_markers=tests.markers,
+            allow_empty=tests.allow_empty,
+            require_gpu=self.cell.gpu,
+            sources=list(self.sources),
+            repo=repo,
+            wheelhouse=wheelhouse,
+            cache=cache,
+            work=work,
+            artifacts=artifacts,
+        )
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    exit_code: int
+    where: str
+
+
+class Runner(Protocol):
+    name: RunnerName
+
+    def run(self, work: CellWork, log: CellLog) -> RunOutcome: ...

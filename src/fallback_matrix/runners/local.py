@@ -1,0 +1,67 @@
+"""Run a cell's job on the host, with a host Python of the cell's version."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from .. import cell_job
+from ..console import CellLog
+from ..errors import RunnerUnavailableError
+from ..procs import run_streaming
+from .base import CellWork, RunnerName, RunOutcome
+
+VERSION_PROBE = "import sys; print('%d.%d' % sys.version_info[:2])"
+
+
+def _python_version(executable: str) -> str | None:
+    try:
+        result = subprocess.run([executable, "-c", VERSION_PROBE], capture_output=True, text=True, check=False)
+    except OSError:
+        return None
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def find_python(version: str, which: Callable[[str], str | None] = shutil.which) -> str:
+    """An interpreter of ``version`` ("3.11"): this one, else pythonX.Y on PATH."""
+    running = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if running == version:
+        return sys.executable
+    candidate = which(f"python{version}")
+    if candidate and _python_version(candidate) == version:
+        return candidate
+    raise RunnerUnavailableError(
+        f"the local runner needs Python {version} for this cell, but this is Python {running} "
+        f"and no python{version} is on PATH: install Python {version}, or use --runner docker"
+    )
+
+
+class LocalRunner:
+    """cell_job.py with a host Python; its venvs, build dir and ccache under <cache>/local/."""
+
+    name: RunnerName = "local"
+
+    def run(self, work: CellWork, log: CellLog) -> RunOutcome:
+        python = find_python(work.cell.python)
+        root = work.cache_root / "local"
+        job_dir = root / "work" / work.cell.name
+        if job_dir.exists():
+            shutil.rmtree(job_dir)
+        job_dir.mkdir(parents=True)
+        job = work.job(
+            repo=str(work.repo),
+            wheelhouse=str(work.wheelhouse),
+            cache=str(root),
+            work=str(job_dir),
+            artifacts=str(work.artifacts),
+        )
+        job_file = job_dir / "job.json"
+        job_file.write_text(job.to_json(), encoding="utf-8")
+        if work.gpus:
+            log.warn("--gpus has no effect with the local runner: the job sees the host's GPUs as they are")
+        log.step(f"runner local: {python} {Path(cell_job.__file__).name} (cache {root})")
+        status = run_streaming([python, cell_job.__file__, str(job_file)], log.line)
+        return RunOutcome(exit_code=status, where=f"local Python {python}")

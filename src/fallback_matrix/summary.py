@@ -1,0 +1,129 @@
+"""A table of cells x build and test results, from the artifacts of a run.
+
+Reads ``artifacts/<cell>/``: result.json (the host's record), status.json (the
+job's steps) and junit.xml (pytest). The same rows render as a rich table for
+the terminal and as GitHub-flavoured markdown for $GITHUB_STEP_SUMMARY.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from .console import format_elapsed
+from .junit import TestCounts, read_counts
+
+RESULT_FILE = "result.json"
+STATUS_FILE = "status.json"
+JUNIT_FILE = "junit.xml"
+LOG_FILE = "cell.log"
+
+
+@dataclass(frozen=True)
+class CellRow:
+    cell: str
+    runner: str
+    build: str
+    tests: TestCounts | None
+    result: str
+    seconds: float | None
+    log: str
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _build_state(status: dict[str, Any]) -> str:
+    for step in status.get("steps", []):
+        if step.get("name") == "build":
+            return "ok" if step.get("status") == "ok" else "failed"
+    if status.get("failed_step"):
+        return "not reached"
+    return "-"
+
+
+def read_row(cell_dir: Path) -> CellRow:
+    result = _read_json(cell_dir / RESULT_FILE)
+    status = _read_json(cell_dir / STATUS_FILE)
+    passed = result.get("exit_code") == 0 if result else status.get("result") == "passed"
+    return CellRow(
+        cell=cell_dir.name,
+        runner=str(result.get("runner", "-")),
+        build=_build_state(status),
+        tests=read_counts(cell_dir / JUNIT_FILE),
+        result="passed" if passed else "FAILED",
+        seconds=result.get("seconds"),
+        log=str(cell_dir / LOG_FILE),
+    )
+
+
+def collect_rows(artifacts_root: Path, cells: Sequence[str] | None = None) -> list[CellRow]:
+    """Rows for ``cells`` (default: every cell directory under ``artifacts_root``)."""
+    if cells is None:
+        cells = sorted(p.name for p in artifacts_root.glob("*") if (p / RESULT_FILE).is_file()
+                       or (p / STATUS_FILE).is_file())
+    return [read_row(artifacts_root / cell) for cell in cells]
+
+
+def total_counts(rows: Sequence[CellRow]) -> TestCounts:
+    total = TestCounts()
+    for row in rows:
+        if row.tests is not None:
+            total += row.tests
+    return total
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _cells(row: CellRow) -> list[str]:
+    tests = row.tests
+    return [
+        row.cell,
+        row.runner,
+        row.build,
+        _count(tests and tests.passed),
+        _count(tests and tests.failed + tests.errors),
+        _count(tests and tests.skipped),
+        format_elapsed(row.seconds) if row.seconds is not None else "-",
+        row.result,
+    ]
+
+
+HEADERS = ["cell", "runner", "build", "passed", "failed", "skipped", "time", "result"]
+
+
+def render_table(rows: Sequence[CellRow], title: str = "matrix") -> Table:
+    table = Table(title=title)
+    for header in HEADERS:
+        table.add_column(header, justify="right" if header in ("passed", "failed", "skipped", "time") else "left")
+    for row in rows:
+        style = "green" if row.result == "passed" else "red"
+        table.add_row(*_cells(row), style=style)
+    return table
+
+
+def render_markdown(rows: Sequence[CellRow], title: str = "matrix") -> str:
+    lines = [f"### {title}", "", "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    for row in rows:
+        cells = _cells(row)
+        cells[-1] = ":white_check_mark: passed" if row.result == "passed" else ":x: FAILED"
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def closing_line(rows: Sequence[CellRow], label: str = "matrix") -> str:
+    """One plain line: '<label>: N passed, N failed, N skipped'."""
+    total = total_counts(rows)
+    return f"{label}: {total.passed} passed, {total.failed + total.errors} failed, {total.skipped} skipped"

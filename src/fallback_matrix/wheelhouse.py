@@ -1,0 +1,191 @@
+"""Per-cell wheelhouses: every wheel a cell installs, downloaded once on the host.
+
+A container then installs offline (``--no-index --find-links``) from a
+read-only mount. A wheelhouse lives in ``<cache>/wheelhouse/<cell>-<key>/``,
+``key`` hashing what it installs; it is filled in a temporary directory and
+renamed into place only when complete, so an interrupted fill is never trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .cells import Cell
+from .console import CellLog
+from .errors import WheelhouseError
+from .index_probe import ProbeResult, probe_index
+from .procs import run_streaming
+
+# The container's glibc (Debian bookworm) accepts all of these.
+PLATFORMS: tuple[str, ...] = (
+    "manylinux_2_28_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+)
+MANIFEST_NAME = "wheelhouse.json"
+
+PipDownload = Callable[[Sequence[str]], int]
+"""Runs ``pip download ARGS`` and returns its exit status."""
+
+IndexProbe = Callable[[str], ProbeResult]
+
+
+@dataclass(frozen=True)
+class WheelhouseRequest:
+    """What one cell installs: the key of its wheelhouse."""
+
+    cell: str
+    python: str
+    torch_requirement: str
+    requirements: tuple[str, ...]
+    platforms: tuple[str, ...] = PLATFORMS
+
+    @classmethod
+    def for_cell(cls, cell: Cell, requirements: Sequence[str]) -> WheelhouseRequest:
+        return cls(cell.name, cell.python, cell.torch_requirement, tuple(requirements))
+
+    def key(self) -> str:
+        content = {
+            "python": self.python,
+            "torch": self.torch_requirement,
+            "requirements": sorted(self.requirements),
+            "platforms": sorted(self.platforms),
+        }
+        digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+        return digest[:12]
+
+    def dirname(self) -> str:
+        return f"{self.cell}-{self.key()}"
+
+
+def wheelhouse_path(cache_root: Path, request: WheelhouseRequest) -> Path:
+    return cache_root / "wheelhouse" / request.dirname()
+
+
+def _target_args(request: WheelhouseRequest) -> list[str]:
+    args = ["--only-binary=:all:", "--python-version", request.python, "--implementation", "cp"]
+    for platform in request.platforms:
+        args += ["--platform", platform]
+    return args
+
+
+def torch_wheels(directory: Path) -> list[Path]:
+    return sorted(directory.glob("torch-*.whl"))
+
+
+def wheel_version(wheel: Path) -> str:
+    """torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl -> 2.13.0+cpu."""
+    return wheel.name.split("-")[1]
+
+
+def check_torch_wheel(directory: Path, request: WheelhouseRequest) -> Path:
+    """The one torch wheel in ``directory``, whose version must match the pin."""
+    wanted = request.torch_requirement.removeprefix("torch==")
+    found = torch_wheels(directory)
+    if len(found) != 1:
+        names = ", ".join(path.name for path in found) or "none"
+        raise WheelhouseError(
+            f"cell {request.cell}: expected exactly one torch wheel for {request.torch_requirement} "
+            f"in the wheelhouse, found {names}"
+        )
+    got = wheel_version(found[0])
+    matches = got == wanted if "+" in wanted else got.split("+")[0] == wanted
+    if not matches:
+        raise WheelhouseError(
+            f"cell {request.cell}: pip downloaded {found[0].name} for {request.torch_requirement}: "
+            f"wanted version {wanted}, got {got}. Check the index it used (above) and pip's "
+            "configuration (pip config list)"
+        )
+    return found[0]
+
+
+def host_pip_download(log: CellLog) -> PipDownload:
+    """Run pip download with the host's Python and pip configuration, logging each line."""
+
+    def download(args: Sequence[str]) -> int:
+        command = [sys.executable, "-m", "pip", "download", "--progress-bar", "off", *args]
+        return run_streaming(command, log.line)
+
+    return download
+
+
+def ensure_wheelhouse(
+    request: WheelhouseRequest,
+    index_url: str,
+    cache_root: Path,
+    log: CellLog,
+    *,
+    pip_download: PipDownload | None = None,
+    probe: IndexProbe = probe_index,
+) -> Path:
+    """The complete wheelhouse of ``request``, filled now unless an earlier fill completed."""
+    final = wheelhouse_path(cache_root, request)
+    if (final / MANIFEST_NAME).is_file():
+        count = len(list(final.glob("*.whl")))
+        log.step(f"wheelhouse: reusing {final} ({count} wheels)")
+        return final
+    pip_download = pip_download or host_pip_download(log)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent))
+    try:
+        _fill(request, index_url, staging, log, pip_download, probe)
+        staging.chmod(0o755)  # mkdtemp makes it 0700; the container user must read it
+        if final.exists():
+            shutil.rmtree(final)  # an incomplete directory from an older layout
+        os.rename(staging, final)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    log.step(f"wheelhouse: complete at {final}")
+    return final
+
+
+def _fill(
+    request: WheelhouseRequest,
+    index_url: str,
+    staging: Path,
+    log: CellLog,
+    pip_download: PipDownload,
+    probe: IndexProbe,
+) -> None:
+    target = _target_args(request)
+    result = probe(index_url)
+    if result.reachable:
+        log.step(f"wheelhouse: {request.torch_requirement} from {index_url}")
+        index_args = ["--index-url", index_url]
+    else:
+        log.step(
+            f"index {index_url} unreachable ({result.detail}); using pip's own configuration instead"
+        )
+        index_args = []
+    status = pip_download([*target, *index_args, "--dest", str(staging), request.torch_requirement])
+    if status != 0:
+        raise WheelhouseError(
+            f"cell {request.cell}: pip download of {request.torch_requirement} failed (exit {status}); "
+            "see its output above. Check the index, or set it with --index-url VARIANT=URL"
+        )
+    torch_wheel = check_torch_wheel(staging, request)
+    log.step(f"wheelhouse: got {torch_wheel.name}")
+    log.step(f"wheelhouse: {', '.join(request.requirements)} from pip's configured index")
+    status = pip_download([*target, "--dest", str(staging), *request.requirements])
+    if status != 0:
+        raise WheelhouseError(
+            f"cell {request.cell}: pip download of the build/test groups failed (exit {status}); "
+            "see its output above"
+        )
+    manifest = {
+        **asdict(request),
+        "key": request.key(),
+        "torch_index": index_url if result.reachable else "pip configuration",
+        "torch_wheel": torch_wheel.name,
+        "wheels": sorted(path.name for path in staging.glob("*.whl")),
+    }
+    (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
