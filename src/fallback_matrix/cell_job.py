@@ -27,6 +27,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -171,7 +172,7 @@ class Reporter:
 
 
 def run(command: Sequence[str | Path], env: Mapping[str, str], cwd: Path | None = None) -> int:
-    printable = " ".join(str(part) for part in command)
+    printable = shlex.join(str(part) for part in command)
     print(f"$ {printable}", flush=True)
     return subprocess.call([str(part) for part in command], env=dict(env), cwd=cwd)
 

@@ -24,7 +24,7 @@ NON_TTY_WIDTH = 120
 def make_console() -> Console:
     """A console; CI logs (no terminal) get 120 columns rather than 80."""
     interactive = sys.stdout.isatty() or "COLUMNS" in os.environ
-    return Console(highlight=False, width=None if interactive else NON_TTY_WIDTH)
+    return Console(highlight=False, soft_wrap=True, width=None if interactive else NON_TTY_WIDTH)
 
 
 class Reporter:

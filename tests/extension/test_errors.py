@@ -1,0 +1,134 @@
+"""Clear errors: a target PyTorch cannot serve, views, mixed devices, bad settings."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torch_fallback
+from torch_fallback import settings
+
+
+def relay(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to("relay")
+
+
+@pytest.mark.cpu_wheel
+def test_cuda_target_on_a_cpu_only_torch():
+    x = relay(torch.randn(4))
+    torch_fallback.set_target("cuda")
+    with pytest.raises(RuntimeError, match="was built without CUDA") as error:
+        torch.nonzero(x)
+    assert "aten::nonzero" in str(error.value)
+    assert "TORCH_FALLBACK_TARGET=cpu" in str(error.value)
+    assert torch_fallback.metrics()["aten::nonzero"].errors == 1
+
+
+@pytest.mark.cuda_wheel
+def test_cuda_target_without_a_gpu():
+    if torch.cuda.device_count() > 0:
+        pytest.skip("a GPU is visible here; this test is about a CUDA build without one")
+    x = relay(torch.randn(4))
+    torch_fallback.set_target("cuda")
+    with pytest.raises(RuntimeError, match="no GPU is visible") as error:
+        torch.nonzero(x)
+    assert "aten::nonzero" in str(error.value)
+
+
+def test_cuda_home_without_a_usable_gpu_fails_at_the_first_allocation():
+    if torch.cuda.device_count() > 0:
+        pytest.skip("a GPU is visible here, so a CUDA home is valid")
+    torch_fallback.set_relay_home("cuda")
+    with pytest.raises(RuntimeError, match="relay tensor with home 'cuda'"):
+        torch.empty(3, device="relay")
+
+
+def test_auto_target_without_a_gpu_runs_on_the_cpu():
+    if torch.cuda.device_count() > 0:
+        pytest.skip("a GPU is visible here, so auto picks CUDA")
+    torch_fallback.set_target("auto")
+    x = torch.tensor([0.0, 2.0])
+    torch.testing.assert_close(torch.nonzero(relay(x)).cpu(), torch.nonzero(x))
+    assert torch_fallback.metrics()["aten::nonzero"].calls_cpu == 1
+
+
+def test_an_op_returning_a_view_is_refused():
+    z = relay(torch.randn(3, dtype=torch.complex64))
+    with pytest.raises(NotImplementedError, match="returns a view of its input") as error:
+        torch.view_as_real(z)
+    assert "aten::view_as_real" in str(error.value)
+
+
+def test_relay_and_a_non_scalar_cpu_tensor_in_one_op():
+    with pytest.raises(RuntimeError, match="got a tensor on cpu together with relay tensors") as error:
+        torch.cat([relay(torch.randn(3)), torch.randn(3)])
+    assert "aten::cat.out" in str(error.value)
+
+
+@pytest.mark.requires_cuda
+def test_relay_and_cuda_tensors_in_one_op():
+    with pytest.raises(RuntimeError, match="got a tensor on cuda:0 together with relay tensors"):
+        torch.cat([relay(torch.randn(3)), torch.randn(3, device="cuda")])
+
+
+@pytest.mark.requires_cuda
+def test_cuda_target_restores_the_callers_current_device():
+    torch_fallback.set_target("cuda")
+    before = torch.cuda.current_device()
+    torch.nonzero(relay(torch.tensor([0.0, 1.0])))
+    assert torch.cuda.current_device() == before
+    assert torch_fallback.metrics()["aten::nonzero"].calls_cuda == 1
+
+
+def test_failed_in_place_op_leaves_its_input_unchanged_and_names_op_and_target():
+    x = relay(torch.arange(6.0).reshape(2, 3))
+    before = x.cpu()
+    with pytest.raises(RuntimeError, match="shape mismatch") as error:
+        x.index_put_((relay(torch.tensor([0, 1])),), relay(torch.ones(4)))
+    message = str(error.value)
+    assert "aten::_index_put_impl_" in message and "cpu fallback target" in message
+    torch.testing.assert_close(x.cpu(), before)
+
+
+@pytest.mark.parametrize(
+    ("setter", "value", "valid"),
+    [
+        (settings.set_target, "gpu", "'cpu', 'cuda' and 'auto'"),
+        (settings.set_cuda_sync, "sometimes", "'stream' and 'device'"),
+        (torch_fallback.set_relay_home, "disk", "'cpu' (host memory) and 'cuda'"),
+        (settings.set_cpu_ops, ["nonzero"], "'namespace::op'"),
+    ],
+)
+def test_bad_settings_list_what_is_valid(setter, value, valid):
+    with pytest.raises(ValueError, match="torch_fallback") as error:
+        setter(value)
+    assert valid in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("TORCH_FALLBACK_TARGET", "gpu"),
+        ("TORCH_FALLBACK_RELAY_HOME", "disk"),
+        ("TORCH_FALLBACK_CPU_OPS", "aten::nonzero,bad name"),
+        ("TORCH_FALLBACK_CUDA_SYNC", "never"),
+    ],
+)
+def test_bad_environment_is_a_clear_error(variable, value):
+    with pytest.raises(ValueError, match=variable):
+        settings.apply_environment({variable: value})
+
+
+def test_environment_sets_target_and_cpu_ops():
+    settings.apply_environment(
+        {"TORCH_FALLBACK_TARGET": "auto", "TORCH_FALLBACK_CPU_OPS": "aten::nonzero, aten::sort.stable"}
+    )
+    assert settings.get_target() == "auto"
+    assert settings.get_cpu_ops() == ["aten::nonzero", "aten::sort.stable"]
+
+
+def test_target_context_manager_restores_the_previous_target():
+    torch_fallback.set_target("cpu")
+    with torch_fallback.target("auto"):
+        assert torch_fallback.get_target() == "auto"
+    assert torch_fallback.get_target() == "cpu"

@@ -1,0 +1,233 @@
+"""Ops without a relay kernel run through the fallback and match CPU eager.
+
+Each test runs for every placement (fallback target x relay home); the CUDA
+ones are marked requires_cuda. Each checks the metrics to prove the op went
+through the fallback on the expected target.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from checks import assert_fell_back, calls_on
+
+import torch_fallback
+
+pytestmark = pytest.mark.usefixtures("placement")
+
+
+def relay(tensor: torch.Tensor) -> torch.Tensor:
+    moved = tensor.to("relay")
+    assert moved.device.type == "relay"
+    return moved
+
+
+def assert_matches(actual, expected) -> None:
+    if isinstance(expected, (tuple, list)):
+        assert len(actual) == len(expected)
+        for a, e in zip(actual, expected):
+            assert_matches(a, e)
+        return
+    assert actual.device.type == "relay", f"result on {actual.device}, expected relay"
+    torch.testing.assert_close(actual.cpu(), expected)
+
+
+# The six ops that upstream tested as found in torchbench.
+
+
+def test_embedding_bag(placement):
+    weight = torch.randn(50, 8)
+    indices = torch.randint(0, 50, (40,))
+    offsets = torch.tensor([0, 7, 20, 33])
+    expected = F.embedding_bag(indices, weight, offsets, mode="mean")
+    actual = F.embedding_bag(relay(indices), relay(weight), relay(offsets), mode="mean")
+    assert_matches(actual, expected)
+    ops = [op for op in torch_fallback.metrics() if "embedding_bag" in op]
+    assert ops and all(calls_on(op, placement.target) for op in ops)
+
+
+def test_unique(placement):
+    x = torch.randint(0, 20, (300,))
+    expected = torch.unique(x, sorted=True, return_inverse=True, return_counts=True)
+    actual = torch.unique(relay(x), sorted=True, return_inverse=True, return_counts=True)
+    assert_matches(actual, expected)
+    assert_fell_back("aten::_unique2", placement.target)
+
+
+def test_repeat_interleave_with_tensor_repeats(placement):
+    x = torch.randn(5, 3)
+    repeats = torch.tensor([1, 0, 3, 2, 4])
+    expected = torch.repeat_interleave(x, repeats, dim=0)
+    actual = torch.repeat_interleave(relay(x), relay(repeats), dim=0)
+    assert_matches(actual, expected)
+    assert_fell_back("aten::repeat_interleave.Tensor", placement.target)
+
+
+def test_grid_sampler_2d(placement):
+    image = torch.randn(2, 3, 8, 8)
+    grid = torch.rand(2, 5, 5, 2) * 2 - 1
+    expected = F.grid_sample(image, grid, align_corners=False)
+    actual = F.grid_sample(relay(image), relay(grid), align_corners=False)
+    assert_matches(actual, expected)
+    assert_fell_back("aten::grid_sampler_2d", placement.target)
+
+
+def test_scatter_reduce_mean(placement):
+    base = torch.randn(6)
+    index = torch.tensor([0, 1, 0, 1, 2, 1, 5, 5])
+    src = torch.randn(8)
+    expected = base.scatter_reduce(0, index, src, reduce="mean", include_self=True)
+    actual = relay(base).scatter_reduce(0, relay(index), relay(src), reduce="mean", include_self=True)
+    assert_matches(actual, expected)
+    assert_fell_back("aten::scatter_reduce.two_out", placement.target)
+
+
+def test_nonzero(placement):
+    x = torch.tensor([[0.0, 1.5, 0.0], [2.0, 0.0, -1.0]])
+    assert_matches(torch.nonzero(relay(x)), torch.nonzero(x))
+    assert_fell_back("aten::nonzero", placement.target)
+
+
+# Mutation: in-place ops, views, out= arguments.
+
+
+def test_in_place_op_updates_the_relay_tensor(placement):
+    x, y = torch.randn(4, 4), torch.randn(4, 4)
+    rx = relay(x)
+    returned = rx.add_(relay(y), alpha=2)
+    assert returned is rx
+    assert_matches(rx, x + 2 * y)
+    # A structured in-place op reaches the fallback as its out= variant.
+    assert_fell_back("aten::add.out", placement.target)
+
+
+def test_in_place_op_on_a_view_writes_through_to_the_base(placement):
+    x = torch.arange(12.0).reshape(3, 4)
+    rx = relay(x)
+    rx[1:, ::2].mul_(-1)
+    x[1:, ::2].mul_(-1)
+    assert_matches(rx, x)
+    assert_fell_back("aten::mul.out", placement.target)
+
+
+def test_out_argument_of_the_right_size(placement):
+    a, b = torch.randn(3, 5), torch.randn(3, 5)
+    out = relay(torch.empty(3, 5))
+    returned = torch.mul(relay(a), relay(b), out=out)
+    assert returned is out
+    assert_matches(out, a * b)
+    assert_fell_back("aten::mul.out", placement.target)
+
+
+def test_out_argument_that_must_grow(placement):
+    x = torch.tensor([0.0, 3.0, 0.0, 4.0, 5.0])
+    out = relay(torch.empty(0, dtype=torch.long))
+    returned = torch.nonzero(relay(x), out=out)
+    assert returned is out
+    assert_matches(out, torch.nonzero(x))
+    assert_fell_back("aten::nonzero.out", placement.target)
+
+
+def test_op_with_several_outputs_written_in_place(placement):
+    x = torch.randn(4, 6)
+    values, indices = relay(torch.empty(0)), relay(torch.empty(0, dtype=torch.long))
+    torch.max(relay(x), dim=1, out=(values, indices))
+    expected = torch.max(x, dim=1)
+    assert_matches((values, indices), (expected.values, expected.indices))
+
+
+# Lists and optional lists.
+
+
+def test_foreach_op_on_two_tensor_lists(placement):
+    # _foreach_* ops decompose (CompositeExplicitAutograd) into per-tensor ops.
+    xs = [torch.randn(3), torch.randn(2, 2)]
+    ys = [torch.randn(3), torch.randn(2, 2)]
+    actual = torch._foreach_add([relay(x) for x in xs], [relay(y) for y in ys])
+    assert_matches(actual, [x + y for x, y in zip(xs, ys)])
+    assert_fell_back("aten::add.out", placement.target)
+
+
+def test_op_mutating_several_tensor_lists(placement):
+    # _fused_sgd_ has CPU and CUDA kernels only, so its three lists (two
+    # mutated) and its optional tensors reach the fallback as one op.
+    params = [torch.randn(4), torch.randn(2, 3)]
+    grads = [torch.randn(4), torch.randn(2, 3)]
+    momenta = [torch.randn(4), torch.randn(2, 3)]
+    relay_lists = [[relay(t) for t in group] for group in (params, grads, momenta)]
+    settings = dict(weight_decay=0.01, momentum=0.9, lr=0.1, dampening=0.0, nesterov=True,
+                    maximize=False, is_first_step=False)
+    torch._fused_sgd_(params, grads, momenta, **settings)
+    torch._fused_sgd_(*relay_lists, **settings)
+    assert_matches(relay_lists[0], params)
+    assert_matches(relay_lists[2], momenta)
+    assert_fell_back("aten::_fused_sgd_", placement.target)
+
+
+def test_op_with_an_optional_tensor_list(placement):
+    x = torch.randn(5, 4)
+    rows, cols = torch.tensor([4, 0, 2]), torch.tensor([1, 3, 3])
+    assert_matches(relay(x)[relay(rows), relay(cols)], x[rows, cols])
+    assert_matches(relay(x)[:, relay(cols)], x[:, cols])  # a None in the list
+    assert_fell_back("aten::index.Tensor_out", placement.target)
+
+
+def test_in_place_op_with_an_optional_tensor_list(placement):
+    x, values = torch.zeros(4, 3), torch.tensor([1.0, 2.0, 3.0])
+    index = torch.tensor([3, 0, 3])
+    rx = relay(x)
+    rx.index_put_((relay(index),), relay(values).unsqueeze(1).expand(3, 3), accumulate=True)
+    x.index_put_((index,), values.unsqueeze(1).expand(3, 3), accumulate=True)
+    assert_matches(rx, x)
+    assert_fell_back("aten::_index_put_impl_", placement.target)
+
+
+# Devices, scalars, printing.
+
+
+def test_factory_op_with_a_device_argument(placement):
+    actual = torch.tril_indices(4, 3, offset=1, device="relay")
+    assert actual.device == torch.device("relay", 0)
+    assert_matches(actual, torch.tril_indices(4, 3, offset=1))
+    assert_fell_back("aten::tril_indices", placement.target)
+
+
+def test_zero_dim_cpu_tensor_is_taken_as_a_scalar(placement):
+    x = torch.randn(3)
+    assert_matches(relay(x) * torch.tensor(2.5), x * 2.5)
+
+
+def test_item_runs_on_the_cpu_whatever_the_target(placement):
+    x = torch.tensor([1.5, 2.5, -1.0])
+    assert relay(x).sum().item() == pytest.approx(3.0)
+    assert_fell_back("aten::_local_scalar_dense", "cpu")
+    assert_fell_back("aten::sum.IntList_out", placement.target)
+
+
+def test_printing_a_relay_tensor(placement):
+    text = str(relay(torch.tensor([[1.0, -2.0], [3.5, 4.0]])))
+    assert "device='relay:0'" in text
+    assert "-2.0000" in text and "3.5000" in text
+
+
+def test_undefined_optional_tensor_arguments(placement):
+    x, weight = torch.randn(2, 4), torch.randn(3, 4)
+    assert_matches(F.linear(relay(x), relay(weight), None), F.linear(x, weight, None))
+
+
+# Autograd.
+
+
+def test_backward_pass(placement):
+    x = torch.randn(4, 3)
+    w = torch.randn(3, 2)
+    x_cpu, w_cpu = x.clone().requires_grad_(), w.clone().requires_grad_()
+    (x_cpu @ w_cpu).sin().pow(2).sum().backward()
+
+    rx, rw = relay(x).requires_grad_(), relay(w).requires_grad_()
+    loss = (rx @ rw).sin().pow(2).sum()
+    loss.backward()
+    assert_matches(rx.grad, x_cpu.grad)
+    assert_matches(rw.grad, w_cpu.grad)
+    assert_fell_back("aten::cos.out", placement.target)
