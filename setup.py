@@ -70,9 +70,6 @@ extensions = [
         ),
         define_macros=version_macros,
         extra_compile_args={"cxx": CXX_FLAGS},
-        # The c10::cuda symbols stay undefined in _C: libc10_cuda.so (through
-        # libtorch.so's dependencies) or the stub library defines them at load.
-        extra_link_args=["-Wl,--no-as-needed"],
     ),
     CppExtension(
         "torch_fallback._C_cuda_functions",

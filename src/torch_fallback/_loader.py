@@ -1,17 +1,24 @@
 """Loads the compiled libraries in the order symbol resolution needs.
 
 _C calls c10::cuda functions that only CUDA builds of PyTorch define (in
-libc10_cuda.so). On a PyTorch built without CUDA, the stub library
-_C_cuda_functions defines them instead; it is loaded with RTLD_GLOBAL before
-_C, so that the dynamic loader binds _C's undefined symbols to it.
+libc10_cuda.so), and leaves them undefined: _C links no CUDA library, so one
+binary serves both kinds of wheel. Before _C loads, one definition of them is
+put into the global symbol scope:
+
+- PyTorch built with CUDA: libc10_cuda.so, which `import torch` loaded
+  privately (RTLD_LOCAL), is promoted to RTLD_GLOBAL.
+- PyTorch built without CUDA: the stub library _C_cuda_functions is loaded
+  with RTLD_GLOBAL; its functions raise a clear error.
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import json
 import os
 import sys
+from pathlib import Path
 from importlib import resources
 from types import ModuleType
 
@@ -62,6 +69,26 @@ def check_torch_version(build_info: dict, running: str | None = None) -> None:
         )
 
 
+def loaded_library(name: str) -> Path | None:
+    """Path of the loaded shared object called `name`, from /proc/self/maps."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        path = line.split(maxsplit=5)[-1]
+        if path.startswith("/") and Path(path).name == name:
+            return Path(path)
+    return None
+
+
+def promote_libc10_cuda() -> None:
+    path = loaded_library("libc10_cuda.so")
+    if path is None:
+        raise ImportError(
+            f"torch {torch.__version__} was built with CUDA, but libc10_cuda.so is not loaded "
+            "after `import torch`; this PyTorch installation looks broken. Reinstall torch."
+        )
+    # Already loaded: RTLD_NOLOAD only changes its scope to global.
+    ctypes.CDLL(str(path), mode=os.RTLD_GLOBAL | os.RTLD_NOLOAD)
+
+
 def load_cuda_stub() -> ModuleType:
     flags = sys.getdlopenflags()
     sys.setdlopenflags(flags | os.RTLD_GLOBAL)
@@ -73,6 +100,8 @@ def load_cuda_stub() -> ModuleType:
 
 def load_extension() -> ModuleType:
     check_torch_version(read_build_info())
-    if not torch_built_with_cuda():
+    if torch_built_with_cuda():
+        promote_libc10_cuda()
+    else:
         load_cuda_stub()
     return importlib.import_module(f"{__package__}._C")
