@@ -322,10 +322,12 @@ def sync_sources(layout: Layout, report: Reporter) -> None:
 
 
 def build_env(layout: Layout, base: Path, env: Mapping[str, str], report: Reporter) -> dict[str, str]:
+    """PATH with the venvs' tools (ninja) and ccache's compiler wrappers first; ccache's cache dir."""
     path = [str(layout.run_venv / "bin"), str(base / "bin"), env.get("PATH", os.defpath)]
     build = dict(env)
-    if (CCACHE_WRAPPERS / "c++").exists():
-        path.insert(0, str(CCACHE_WRAPPERS))
+    if shutil.which("ccache", path=env.get("PATH")):
+        if CCACHE_WRAPPERS.is_dir():
+            path.insert(0, str(CCACHE_WRAPPERS))
         layout.ccache_dir.mkdir(parents=True, exist_ok=True)
         build.update(
             CCACHE_DIR=str(layout.ccache_dir),
@@ -335,7 +337,7 @@ def build_env(layout: Layout, base: Path, env: Mapping[str, str], report: Report
         build.setdefault("CCACHE_MAXSIZE", "5G")
         report.say(f"ccache on: {CCACHE_WRAPPERS} first on PATH, CCACHE_DIR={layout.ccache_dir}")
     else:
-        report.say(f"ccache not found ({CCACHE_WRAPPERS}); builds are not cached: apt-get install ccache")
+        report.say("ccache not found: builds are not cached (apt-get install ccache)")
     build["PATH"] = os.pathsep.join(path)
     build.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
     return build

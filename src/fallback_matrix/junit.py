@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 @dataclass(frozen=True)
-class TestCounts:
+class JUnitCounts:
     passed: int = 0
     failed: int = 0
     errors: int = 0
@@ -18,8 +18,8 @@ class TestCounts:
     def total(self) -> int:
         return self.passed + self.failed + self.errors + self.skipped
 
-    def __add__(self, other: TestCounts) -> TestCounts:
-        return TestCounts(
+    def __add__(self, other: JUnitCounts) -> JUnitCounts:
+        return JUnitCounts(
             self.passed + other.passed,
             self.failed + other.failed,
             self.errors + other.errors,
@@ -34,16 +34,16 @@ def _attr(element: ET.Element, name: str) -> int:
         return 0
 
 
-def read_counts(report: Path) -> TestCounts | None:
+def read_counts(report: Path) -> JUnitCounts | None:
     """The counts of ``report``; None when it is missing or unreadable."""
     try:
         root = ET.parse(report).getroot()
     except (OSError, ET.ParseError):
         return None
     suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
-    total = TestCounts()
+    total = JUnitCounts()
     for suite in suites:
         tests, failures = _attr(suite, "tests"), _attr(suite, "failures")
         errors, skipped = _attr(suite, "errors"), _attr(suite, "skipped")
-        total += TestCounts(max(tests - failures - errors - skipped, 0), failures, errors, skipped)
+        total += JUnitCounts(max(tests - failures - errors - skipped, 0), failures, errors, skipped)
     return total

@@ -16,7 +16,7 @@ from typing import Any
 from rich.table import Table
 
 from .console import format_elapsed
-from .junit import TestCounts, read_counts
+from .junit import JUnitCounts, read_counts
 
 RESULT_FILE = "result.json"
 STATUS_FILE = "status.json"
@@ -29,7 +29,7 @@ class CellRow:
     cell: str
     runner: str
     build: str
-    tests: TestCounts | None
+    tests: JUnitCounts | None
     result: str
     seconds: float | None
     log: str
@@ -75,8 +75,8 @@ def collect_rows(artifacts_root: Path, cells: Sequence[str] | None = None) -> li
     return [read_row(artifacts_root / cell) for cell in cells]
 
 
-def total_counts(rows: Sequence[CellRow]) -> TestCounts:
-    total = TestCounts()
+def total_counts(rows: Sequence[CellRow]) -> JUnitCounts:
+    total = JUnitCounts()
     for row in rows:
         if row.tests is not None:
             total += row.tests

@@ -24,11 +24,14 @@ from .errors import WheelhouseError
 from .index_probe import ProbeResult, probe_index
 from .procs import run_streaming
 
-# The container's glibc (Debian bookworm) accepts all of these.
+# pip does not widen --platform to older glibc versions by itself: list every
+# manylinux tag the images' glibc (Debian bookworm: 2.36) accepts, newest first.
+TARGET_GLIBC_MINOR = 36
 PLATFORMS: tuple[str, ...] = (
-    "manylinux_2_28_x86_64",
-    "manylinux_2_17_x86_64",
+    *(f"manylinux_2_{minor}_x86_64" for minor in range(TARGET_GLIBC_MINOR, 4, -1)),
     "manylinux2014_x86_64",
+    "manylinux2010_x86_64",
+    "manylinux1_x86_64",
 )
 MANIFEST_NAME = "wheelhouse.json"
 

@@ -24,6 +24,9 @@ at::Tensor tensor_over(const c10::Storage& storage, c10::Device device, const at
                                                          c10::DispatchKeySet(key), like.dtype());
   tensor.unsafeGetTensorImpl()->set_sizes_and_strides(like.sizes(), like.strides(),
                                                        like.storage_offset());
+  // Lazy conjugation and negation travel as bits, not data.
+  tensor._set_conj(like.is_conj());
+  tensor._set_neg(like.is_neg());
   return tensor;
 }
 

@@ -1,6 +1,8 @@
 // relay devices: the current device, the device guard and the hooks that
 // PyTorch asks of a PrivateUse1 backend.
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/CPUAllocator.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -95,6 +97,16 @@ struct RelayHooks final : public at::PrivateUse1HooksInterface {
   }
   c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex index) const override {
     return exchangeDevice(index);
+  }
+
+  // non_blocking copies to the host ask for pinned memory: CUDA's where a GPU
+  // is visible (relay's CUDA home copies through it), plain host memory else.
+  bool isPinnedPtr(const void* data) const override {
+    return cuda::device_count() > 0 && at::detail::getCUDAHooks().isPinnedPtr(data);
+  }
+  c10::Allocator* getPinnedMemoryAllocator() const override {
+    return cuda::device_count() > 0 ? at::detail::getCUDAHooks().getPinnedMemoryAllocator()
+                                    : c10::GetCPUAllocator();
   }
 
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t nbytes) const override {

@@ -5,6 +5,8 @@
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
@@ -138,10 +140,33 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("view", TORCH_FN(view));
   m.impl("_reshape_alias", TORCH_FN(reshape_alias));
   m.impl("unfold", TORCH_FN(unfold));
+  m.impl("view_as_real", TORCH_FN(at::native::view_as_real));
+  m.impl("view_as_complex", TORCH_FN(at::native::view_as_complex));
   m.impl("set_.source_Storage", TORCH_FN(set_source_storage));
   m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage));
   m.impl("set_.source_Tensor", TORCH_FN(set_source_tensor));
   m.impl("set_", TORCH_FN(set_empty));
+
+  // Ops whose composite implementations a third-party backend would otherwise
+  // take: convolution's calls convolution_overrideable, which relay cannot
+  // serve; the norms' compute differently from the CPU and CUDA kernels. Sent
+  // to the fallback, they run those kernels.
+  for (const char* name : {"convolution", "convolution_backward", "native_layer_norm",
+                           "native_layer_norm_backward", "native_group_norm",
+                           "native_group_norm_backward"}) {
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&relay_fallback>());
+  }
+}
+
+// _copy_from sees the conjugate and negative bits itself (the copy on the home
+// device resolves them). Without these, the math-bit fallbacks would resolve
+// them with clone(), which copies through _copy_from again, forever.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+}
+
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {

@@ -122,6 +122,8 @@ at::Tensor adopt(const at::Tensor& home_tensor, c10::DeviceIndex index) {
       home_tensor.dtype());
   tensor.unsafeGetTensorImpl()->set_sizes_and_strides(
       home_tensor.sizes(), home_tensor.strides(), home_tensor.storage_offset());
+  tensor._set_conj(home_tensor.is_conj());
+  tensor._set_neg(home_tensor.is_neg());
   return tensor;
 }
 
