@@ -53,10 +53,20 @@ def test_auto_target_without_a_gpu_runs_on_the_cpu():
 
 
 def test_an_op_returning_a_view_is_refused():
-    z = relay(torch.randn(3, dtype=torch.complex64))
+    # The one aten view op with CPU/CUDA kernels only, so nothing but the fallback serves it.
+    buffer = relay(torch.randn(6))
+    sizes = relay(torch.tensor([[2], [4]]))
     with pytest.raises(NotImplementedError, match="returns a view of its input") as error:
-        torch.view_as_real(z)
-    assert "aten::view_as_real" in str(error.value)
+        torch.ops.aten._nested_view_from_buffer(buffer, sizes, sizes, relay(torch.tensor([0, 2])))
+    assert "aten::_nested_view_from_buffer" in str(error.value)
+    assert torch_fallback.metrics()["aten::_nested_view_from_buffer"].errors == 1
+
+
+def test_view_as_real_is_a_native_relay_view():
+    z = relay(torch.randn(3, dtype=torch.complex64))
+    real = torch.view_as_real(z)
+    real.mul_(0)
+    assert torch.count_nonzero(torch.view_as_real(z)).item() == 0
 
 
 def test_relay_and_a_non_scalar_cpu_tensor_in_one_op():

@@ -1,0 +1,151 @@
+"""The in-cell job: standard library only, strict about its job file, the torch variant and its sources."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fallback_matrix import cell_job
+from fallback_matrix.cell_job import Job, Layout, Reporter, StepFailed, run_tests, sync_sources, torch_matches
+
+JOB = Job(
+    cell="cpu", torch_requirement="torch==2.13.0+cpu", expected_cuda=None, requirements=["pytest>=8"],
+    test_paths=["tests"], test_markers="not requires_cuda", allow_empty=False, require_gpu=False,
+    sources=[], repo="/src", wheelhouse="/wheelhouse", cache="/cache", work="/work", artifacts="/out",
+)
+
+
+def test_cell_job_imports_only_the_standard_library() -> None:
+    tree = ast.parse(Path(cell_job.__file__).read_text())
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, "cell_job.py runs as a plain file: no relative imports"
+            imported.add((node.module or "").split(".")[0])
+    assert imported - set(sys.stdlib_module_names) - {"__future__"} == set()
+
+
+def test_job_round_trips_through_json() -> None:
+    assert Job.from_json(JOB.to_json()) == JOB
+
+
+def test_job_file_with_wrong_keys_is_refused() -> None:
+    data = json.loads(JOB.to_json())
+    del data["cell"]
+    data["colour"] = "blue"
+    with pytest.raises(ValueError, match=r"missing keys \['cell'\], unknown keys \['colour'\]"):
+        Job.from_json(json.dumps(data))
+
+
+@pytest.mark.parametrize(
+    ("job_changes", "version", "cuda", "ok"),
+    [
+        ({}, "2.13.0+cpu", None, True),
+        ({}, "2.13.0+cpu", "13.0", False),
+        ({}, "2.13.0", None, False),
+        ({"torch_requirement": "torch==2.14.1", "expected_cuda": "13"}, "2.14.1+cu130", "13.0", True),
+        ({"torch_requirement": "torch==2.14.1", "expected_cuda": "13"}, "2.14.1+cpu", None, False),
+        ({"torch_requirement": "torch==2.14.1", "expected_cuda": "13"}, "2.14.1+cu128", "12.8", False),
+        ({"torch_requirement": "torch==2.14.1", "expected_cuda": "13"}, "2.14.0+cu130", "13.0", False),
+    ],
+)
+def test_torch_variant_check(job_changes: dict[str, Any], version: str, cuda: str | None, ok: bool) -> None:
+    assert torch_matches(dataclasses.replace(JOB, **job_changes), version, cuda) is ok
+
+
+def layout_for(tmp_path: Path, sources: list[str]) -> Layout:
+    repo = tmp_path / "repo"
+    job = dataclasses.replace(
+        JOB, sources=sources, repo=str(repo), cache=str(tmp_path / "cache"), work=str(tmp_path / "work"),
+        artifacts=str(tmp_path / "out"),
+    )
+    return Layout(job)
+
+
+def test_sources_are_copied_kept_and_removed(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "src").mkdir(parents=True)
+    (repo / "setup.py").write_text("setup()")
+    (repo / "src" / "a.cpp").write_text("int a;")
+    (repo / "src" / "gone.cpp").write_text("int g;")
+    layout = layout_for(tmp_path, ["setup.py", "src/a.cpp", "src/gone.cpp"])
+    sync_sources(layout, Reporter("cpu"))
+    build = layout.build_dir
+    assert build == tmp_path / "cache" / "build" / "cpu"
+    assert (build / "src" / "a.cpp").read_text() == "int a;"
+    assert os.stat(build / "src" / "a.cpp").st_mtime_ns == os.stat(repo / "src" / "a.cpp").st_mtime_ns
+
+    (build / "build" / "temp.linux").mkdir(parents=True)
+    (build / "build" / "temp.linux" / "a.o").write_text("object")
+    (build / "build" / "lib.linux" / "pkg").mkdir(parents=True)
+    (build / "build" / "lib.linux" / "pkg" / "stale.py").write_text("")
+    (build / "generated.json").write_text("{}")
+    (repo / "src" / "gone.cpp").unlink()
+    sync_sources(dataclasses.replace(layout.job, sources=["setup.py", "src/a.cpp"]) and
+                 Layout(dataclasses.replace(layout.job, sources=["setup.py", "src/a.cpp"])), Reporter("cpu"))
+    assert not (build / "src" / "gone.cpp").exists()  # removed from the repository
+    assert (build / "build" / "temp.linux" / "a.o").exists()  # ninja's objects stay
+    assert not (build / "build" / "lib.linux").exists()  # setuptools staging never goes stale
+    assert (build / "generated.json").exists()  # never listed, so never deleted
+
+
+def test_unchanged_sources_are_not_rewritten(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "a.cpp").write_text("int a;")
+    layout = layout_for(tmp_path, ["a.cpp"])
+    sync_sources(layout, Reporter("cpu"))
+    sync_sources(layout, Reporter("cpu"))
+    assert "0 file(s) copied, 1 unchanged" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("allow_empty", "passes"), [(True, True), (False, False)])
+def test_no_tests_collected_passes_only_when_allowed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, allow_empty: bool, passes: bool
+) -> None:
+    (tmp_path / "repo" / "tests").mkdir(parents=True)
+    layout = layout_for(tmp_path, [])
+    layout = Layout(dataclasses.replace(layout.job, allow_empty=allow_empty))
+    monkeypatch.setattr(cell_job, "run", lambda *args, **kwargs: cell_job.PYTEST_NO_TESTS)
+    if passes:
+        run_tests(layout, {}, Reporter("cpu"))
+    else:
+        with pytest.raises(StepFailed, match="no test selected by -m 'not requires_cuda'.*allow_empty"):
+            run_tests(layout, {}, Reporter("cpu"))
+
+
+def test_failing_tests_fail_the_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "repo" / "tests").mkdir(parents=True)
+    monkeypatch.setattr(cell_job, "run", lambda *args, **kwargs: 1)
+    with pytest.raises(StepFailed, match="pytest failed"):
+        run_tests(layout_for(tmp_path, []), {}, Reporter("cpu"))
+
+
+def test_gpu_cells_make_a_missing_gpu_fail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "repo" / "tests").mkdir(parents=True)
+    seen: dict[str, str] = {}
+    monkeypatch.setattr(cell_job, "run", lambda command, env, cwd=None: seen.update(env) or 0)
+    layout = layout_for(tmp_path, [])
+    run_tests(Layout(dataclasses.replace(layout.job, require_gpu=True)), {}, Reporter("cuda-gpu"))
+    assert seen["TORCH_FALLBACK_REQUIRE_GPU"] == "1"
+
+
+def test_tests_run_outside_the_source_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "repo" / "tests").mkdir(parents=True)
+    calls: list[tuple[list[Any], Path | None]] = []
+    monkeypatch.setattr(cell_job, "run", lambda command, env, cwd=None: calls.append((list(command), cwd)) or 0)
+    layout = layout_for(tmp_path, [])
+    run_tests(layout, {}, Reporter("cpu"))
+    command, cwd = calls[0]
+    assert cwd == layout.test_cwd and not str(cwd).startswith(str(layout.repo))
+    assert "-p" in command and "no:cacheprovider" in command
+    assert command[command.index("--junitxml") + 1] == layout.artifacts / "junit.xml"
+    assert command[command.index("-m", 3) + 1] == "not requires_cuda"

@@ -1,0 +1,97 @@
+"""Cell expansion is a pure function of the file, the environment and the overrides."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fallback_matrix.cells import expand_cells, parse_index_override, pick_cells
+from fallback_matrix.errors import MatrixError, UnknownCellError
+from fallback_matrix.model import MatrixFile
+
+
+def expand(data: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    return {cell.name: cell for cell in expand_cells(MatrixFile.model_validate(data), **kwargs)}
+
+
+def test_defaults_fill_what_a_cell_leaves_out(matrix_data: dict[str, Any]) -> None:
+    gpu = expand(matrix_data)["cuda-gpu"]
+    assert gpu.python == "3.11"
+    assert gpu.image.base == "python:3.11-slim-bookworm"
+    assert gpu.tests.paths == ["tests/extension"]
+    assert gpu.tests.markers == "requires_cuda"  # the cell's own
+    assert gpu.tests.allow_empty is False
+
+
+def test_pins_and_expected_variants(matrix_data: dict[str, Any]) -> None:
+    cells = expand(matrix_data)
+    assert cells["cpu"].torch_requirement == "torch==2.13.0+cpu"
+    assert cells["cpu"].cuda is None
+    assert cells["cuda"].torch_requirement == "torch==2.14.1"
+    assert cells["cuda"].cuda == "13"
+    assert "CUDA 13" in cells["cuda"].wanted_build
+
+
+def test_runner_labels_come_from_the_named_set(matrix_data: dict[str, Any]) -> None:
+    cells = expand(matrix_data)
+    assert cells["cpu"].runner_labels == ("ubuntu-24.04",)
+    assert cells["cuda-gpu"].runner_labels == ("self-hosted", "linux", "x64", "gpu")
+
+
+def test_pull_requests_get_the_reduced_matrix(matrix_data: dict[str, Any]) -> None:
+    assert list(expand(matrix_data, selection="pr")) == ["cpu", "cuda"]
+    assert list(expand(matrix_data, selection="main")) == ["cpu", "cuda", "cuda-gpu"]
+    assert list(expand(matrix_data)) == ["cpu", "cuda", "cuda-gpu"]
+
+
+def test_index_url_from_the_file_by_default(matrix_data: dict[str, Any]) -> None:
+    index = expand(matrix_data)["cpu"].index
+    assert index.url == "https://download.pytorch.org/whl/cpu"
+    assert "variants.cpu.index_url" in index.source
+
+
+def test_environment_overrides_the_file(matrix_data: dict[str, Any]) -> None:
+    cells = expand(matrix_data, environ={"FALLBACK_MATRIX_INDEX_URL_CPU": "https://mirror.example/cpu"})
+    assert cells["cpu"].index.url == "https://mirror.example/cpu"
+    assert cells["cpu"].index.source == "$FALLBACK_MATRIX_INDEX_URL_CPU"
+    assert cells["cuda"].index.url == "https://pypi.org/simple"
+
+
+def test_command_line_overrides_the_environment(matrix_data: dict[str, Any]) -> None:
+    cells = expand(
+        matrix_data,
+        environ={"FALLBACK_MATRIX_INDEX_URL_CUDA": "https://env.example"},
+        index_overrides={"cuda": "https://cli.example"},
+    )
+    assert cells["cuda"].index.url == "https://cli.example"
+    assert cells["cuda-gpu"].index.url == "https://cli.example"
+
+
+def test_expansion_does_not_read_the_process_environment(
+    matrix_data: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FALLBACK_MATRIX_INDEX_URL_CPU", "https://ignored.example")
+    assert expand(matrix_data)["cpu"].index.url == "https://download.pytorch.org/whl/cpu"
+
+
+def test_expansion_is_deterministic(matrix_data: dict[str, Any]) -> None:
+    spec = MatrixFile.model_validate(matrix_data)
+    assert expand_cells(spec) == expand_cells(spec)
+
+
+def test_parse_index_override() -> None:
+    assert parse_index_override("cpu=https://x.example/a=b") == ("cpu", "https://x.example/a=b")
+    for bad in ("https://x.example", "rocm=https://x", "cpu="):
+        with pytest.raises(MatrixError, match="VARIANT=URL"):
+            parse_index_override(bad)
+
+
+def test_pick_cells_keeps_the_order_asked(matrix_data: dict[str, Any]) -> None:
+    cells = expand_cells(MatrixFile.model_validate(matrix_data))
+    assert [cell.name for cell in pick_cells(cells, ["cuda", "cpu", "cuda"])] == ["cuda", "cpu"]
+
+
+def test_pick_cells_names_unknown_cells(matrix_data: dict[str, Any]) -> None:
+    cells = expand_cells(MatrixFile.model_validate(matrix_data))
+    with pytest.raises(UnknownCellError, match="unknown cell\\(s\\): rocm. Cells in matrix.yaml: cpu, cuda, cuda-gpu"):
+        pick_cells(cells, ["cpu", "rocm"])

@@ -1,0 +1,78 @@
+"""Choosing a runner, and the errors when one cannot run here."""
+
+from __future__ import annotations
+
+import sys
+
+import docker
+import pytest
+from fallback_matrix.errors import RunnerUnavailableError
+from fallback_matrix.runners import engine
+from fallback_matrix.runners.choose import decide_runner
+from fallback_matrix.runners.engine import EngineStatus, connect_docker, engine_status
+from fallback_matrix.runners.local import find_python
+
+
+@pytest.fixture
+def no_daemon(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(**_: object) -> None:
+        raise docker.errors.DockerException(
+            "Error while fetching server API version: ('Connection aborted.', FileNotFoundError(2))"
+        )
+
+    monkeypatch.setattr(docker, "from_env", refuse)
+
+
+def test_no_daemon_says_how_to_start_one_or_use_local(no_daemon: None) -> None:
+    with pytest.raises(RunnerUnavailableError) as caught:
+        connect_docker()
+    message = str(caught.value)
+    assert "no Docker daemon answers" in message
+    assert "Start the Docker daemon" in message
+    assert "--runner local" in message
+
+
+def test_asking_for_docker_without_a_daemon_fails_clearly(no_daemon: None) -> None:
+    with pytest.raises(RunnerUnavailableError, match="Start the Docker daemon"):
+        decide_runner("docker")
+
+
+def test_engine_status_reports_instead_of_raising(no_daemon: None) -> None:
+    status = engine_status()
+    assert not status.available
+    assert "Start the Docker daemon" in status.detail
+
+
+def test_auto_picks_local_without_a_daemon() -> None:
+    decision = decide_runner("auto", status=lambda: EngineStatus(False, "no daemon"))
+    assert decision.name == "local"
+    assert "auto" in decision.reason
+
+
+def test_auto_picks_docker_when_a_daemon_answers() -> None:
+    decision = decide_runner("auto", status=lambda: EngineStatus(True, "Docker engine 27.0 answers"))
+    assert decision.name == "docker"
+    assert "Docker engine 27.0 answers" in decision.reason
+
+
+def test_local_is_local_without_asking_docker() -> None:
+    def must_not_be_called() -> EngineStatus:
+        raise AssertionError("local must not probe Docker")
+
+    assert decide_runner("local", status=must_not_be_called).name == "local"
+
+
+def test_missing_docker_package_is_explained(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "docker", None)
+    with pytest.raises(RunnerUnavailableError, match="pip install docker"):
+        engine.connect_docker()
+
+
+def test_local_runner_uses_this_python_when_versions_match() -> None:
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert find_python(version) == sys.executable
+
+
+def test_local_runner_explains_a_missing_python() -> None:
+    with pytest.raises(RunnerUnavailableError, match="needs Python 3.99.*--runner docker"):
+        find_python("3.99", which=lambda name: None)

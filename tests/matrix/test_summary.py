@@ -1,0 +1,107 @@
+"""The summary reads artifacts/<cell>/ and renders a terminal table and GitHub markdown."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from fallback_matrix import cli
+from fallback_matrix.junit import JUnitCounts, read_counts
+from fallback_matrix.summary import closing_line, collect_rows, render_markdown, render_table
+from rich.console import Console
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites name="pytest tests">
+  <testsuite name="cpu" errors="{errors}" failures="{failures}" skipped="{skipped}" tests="{tests}" time="1.2">
+    <testcase classname="tests.extension.test_x" name="test_a" time="0.1"/>
+  </testsuite>
+</testsuites>
+"""
+
+
+def write_cell(root: Path, name: str, *, tests: int, failures: int = 0, errors: int = 0, skipped: int = 0,
+               exit_code: int = 0, build: str = "ok") -> None:
+    cell = root / name
+    cell.mkdir(parents=True)
+    (cell / "junit.xml").write_text(
+        JUNIT.format(tests=tests, failures=failures, errors=errors, skipped=skipped)
+    )
+    steps = [{"name": "environment", "status": "ok"}, {"name": "build", "status": build}]
+    (cell / "status.json").write_text(json.dumps({"cell": name, "steps": steps}))
+    (cell / "result.json").write_text(
+        json.dumps({"cell": name, "runner": "docker", "exit_code": exit_code, "seconds": 75.0})
+    )
+
+
+@pytest.fixture
+def artifacts(tmp_path: Path) -> Path:
+    write_cell(tmp_path, "cpu", tests=10, skipped=2)
+    write_cell(tmp_path, "cuda", tests=10, failures=1, errors=1, skipped=3, exit_code=1)
+    return tmp_path
+
+
+def test_junit_counts(tmp_path: Path) -> None:
+    report = tmp_path / "junit.xml"
+    report.write_text(JUNIT.format(tests=7, failures=1, errors=1, skipped=2))
+    assert read_counts(report) == JUnitCounts(passed=3, failed=1, errors=1, skipped=2)
+
+
+def test_junit_with_a_bare_testsuite_root(tmp_path: Path) -> None:
+    report = tmp_path / "junit.xml"
+    report.write_text('<testsuite tests="3" failures="0" errors="0" skipped="1"/>')
+    assert read_counts(report) == JUnitCounts(passed=2, skipped=1)
+
+
+def test_missing_or_broken_junit_gives_none(tmp_path: Path) -> None:
+    assert read_counts(tmp_path / "absent.xml") is None
+    (tmp_path / "bad.xml").write_text("<testsuite")
+    assert read_counts(tmp_path / "bad.xml") is None
+
+
+def test_rows_from_artifacts(artifacts: Path) -> None:
+    cpu, cuda = collect_rows(artifacts)
+    assert (cpu.cell, cpu.runner, cpu.build, cpu.result) == ("cpu", "docker", "ok", "passed")
+    assert cpu.tests == JUnitCounts(passed=8, skipped=2)
+    assert cuda.result == "FAILED"
+    assert cuda.tests == JUnitCounts(passed=5, failed=1, errors=1, skipped=3)
+
+
+def test_a_cell_that_never_built(tmp_path: Path) -> None:
+    cell = tmp_path / "cpu"
+    cell.mkdir()
+    (cell / "result.json").write_text(json.dumps({"cell": "cpu", "runner": "docker", "exit_code": 1}))
+    (row,) = collect_rows(tmp_path)
+    assert (row.build, row.tests, row.result) == ("-", None, "FAILED")
+
+
+def test_markdown_table(artifacts: Path) -> None:
+    markdown = render_markdown(collect_rows(artifacts))
+    lines = markdown.splitlines()
+    assert lines[2] == "| cell | runner | build | passed | failed | skipped | time | result |"
+    assert lines[3].startswith("|---|")
+    assert "| cpu | docker | ok | 8 | 0 | 2 | 01:15 | :white_check_mark: passed |" in lines
+    assert "| cuda | docker | ok | 5 | 2 | 3 | 01:15 | :x: FAILED |" in lines
+
+
+def test_terminal_table(artifacts: Path) -> None:
+    console = Console(file=io.StringIO(), width=120)
+    console.print(render_table(collect_rows(artifacts)))
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "cpu" in text and "FAILED" in text and "passed" in text
+
+
+def test_closing_line_adds_up_every_cell(artifacts: Path) -> None:
+    assert closing_line(collect_rows(artifacts)) == "matrix: 13 passed, 2 failed, 5 skipped"
+
+
+def test_summary_command_writes_github_markdown(
+    artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    step_summary = tmp_path / "step-summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step_summary))
+    status = cli.main(["summary", "--artifacts", str(artifacts)])
+    assert status == cli.EXIT_FAILED  # the cuda cell failed
+    assert "| cuda | docker |" in step_summary.read_text()
+    assert "matrix: 13 passed, 2 failed, 5 skipped" in capsys.readouterr().out

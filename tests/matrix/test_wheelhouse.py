@@ -1,0 +1,159 @@
+"""Wheelhouses: keyed by what they install, filled atomically, reused; pip is faked."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import output_of
+from fallback_matrix.errors import WheelhouseError
+from fallback_matrix.index_probe import ProbeResult
+from fallback_matrix.wheelhouse import (
+    MANIFEST_NAME,
+    WheelhouseRequest,
+    ensure_wheelhouse,
+    wheelhouse_path,
+)
+
+REQUEST = WheelhouseRequest("cpu", "3.11", "torch==2.13.0+cpu", ("setuptools>=69", "pytest>=8"))
+INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+class FakePip:
+    """Records each `pip download` and drops wheels into --dest, like pip would."""
+
+    def __init__(self, torch_wheel: str = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl",
+                 fail_on: int | None = None, interrupt_on: int | None = None) -> None:
+        self.calls: list[list[str]] = []
+        self.torch_wheel = torch_wheel
+        self.fail_on = fail_on
+        self.interrupt_on = interrupt_on
+
+    def __call__(self, args: Sequence[str]) -> int:
+        self.calls.append(list(args))
+        dest = Path(args[list(args).index("--dest") + 1])
+        number = len(self.calls)
+        if number == self.interrupt_on:
+            (dest / "half-written.whl").write_bytes(b"partial")
+            raise KeyboardInterrupt
+        if number == self.fail_on:
+            return 1
+        if any(arg.startswith("torch==") for arg in args):
+            (dest / self.torch_wheel).write_bytes(b"wheel")
+        else:
+            (dest / "pytest-9.0.0-py3-none-any.whl").write_bytes(b"wheel")
+        return 0
+
+
+def reachable(url: str) -> ProbeResult:
+    return ProbeResult(url, True, "HTTP 200")
+
+
+def unreachable(url: str) -> ProbeResult:
+    return ProbeResult(url, False, "Could not resolve host")
+
+
+def fill(tmp_path: Path, cell_log: Any, pip: FakePip, probe: Any = unreachable) -> Path:
+    return ensure_wheelhouse(REQUEST, INDEX, tmp_path / "cache", cell_log, pip_download=pip, probe=probe)
+
+
+def test_key_is_stable_and_ignores_requirement_order() -> None:
+    shuffled = WheelhouseRequest("cpu", "3.11", "torch==2.13.0+cpu", ("pytest>=8", "setuptools>=69"))
+    assert REQUEST.key() == shuffled.key()
+    assert REQUEST.dirname() == f"cpu-{REQUEST.key()}"
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        WheelhouseRequest("cpu", "3.12", "torch==2.13.0+cpu", ("setuptools>=69", "pytest>=8")),
+        WheelhouseRequest("cpu", "3.11", "torch==2.13.1+cpu", ("setuptools>=69", "pytest>=8")),
+        WheelhouseRequest("cpu", "3.11", "torch==2.13.0+cpu", ("setuptools>=69", "pytest>=9")),
+    ],
+)
+def test_key_changes_with_what_is_installed(changed: WheelhouseRequest) -> None:
+    assert changed.key() != REQUEST.key()
+
+
+def test_fill_downloads_for_the_cell_platform_and_completes(tmp_path: Path, cell_log: Any) -> None:
+    pip = FakePip()
+    path = fill(tmp_path, cell_log, pip)
+    assert path == wheelhouse_path(tmp_path / "cache", REQUEST)
+    assert (path / MANIFEST_NAME).is_file()
+    assert (path / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").is_file()
+    assert path.stat().st_mode & 0o777 == 0o755  # readable by the container's user
+    torch_call, groups_call = pip.calls
+    assert torch_call[-1] == "torch==2.13.0+cpu"
+    assert groups_call[-2:] == ["setuptools>=69", "pytest>=8"]
+    for call in pip.calls:
+        assert "--only-binary=:all:" in call
+        assert call[call.index("--python-version") + 1] == "3.11"
+        assert "manylinux_2_28_x86_64" in call and "manylinux_2_27_x86_64" in call
+
+
+def test_unreachable_index_falls_back_to_pip_configuration_in_one_line(
+    tmp_path: Path, cell_log: Any, reporter: Any
+) -> None:
+    pip = FakePip()
+    fill(tmp_path, cell_log, pip, probe=unreachable)
+    assert "--index-url" not in pip.calls[0]
+    lines = [line for line in output_of(reporter).splitlines() if " unreachable (" in line]
+    assert len(lines) == 1
+    assert INDEX in lines[0] and "pip's own configuration" in lines[0]
+
+
+def test_reachable_index_is_used_for_torch_only(tmp_path: Path, cell_log: Any) -> None:
+    pip = FakePip()
+    fill(tmp_path, cell_log, pip, probe=reachable)
+    torch_call, groups_call = pip.calls
+    assert torch_call[torch_call.index("--index-url") + 1] == INDEX
+    assert "--index-url" not in groups_call
+
+
+def test_a_complete_wheelhouse_is_reused_without_pip(tmp_path: Path, cell_log: Any) -> None:
+    first = fill(tmp_path, cell_log, FakePip())
+    again = FakePip()
+    assert fill(tmp_path, cell_log, again) == first
+    assert again.calls == []
+
+
+@pytest.mark.parametrize("pip", [FakePip(fail_on=2), FakePip(fail_on=1)])
+def test_a_failed_fill_leaves_nothing_to_trust(tmp_path: Path, cell_log: Any, pip: FakePip) -> None:
+    with pytest.raises(WheelhouseError, match="cell cpu: pip download"):
+        fill(tmp_path, cell_log, pip)
+    assert list((tmp_path / "cache" / "wheelhouse").iterdir()) == []
+
+
+def test_an_interrupted_fill_leaves_nothing_and_is_redone(tmp_path: Path, cell_log: Any) -> None:
+    with pytest.raises(KeyboardInterrupt):
+        fill(tmp_path, cell_log, FakePip(interrupt_on=2))
+    assert list((tmp_path / "cache" / "wheelhouse").iterdir()) == []
+    retry = FakePip()
+    path = fill(tmp_path, cell_log, retry)
+    assert len(retry.calls) == 2
+    assert not (path / "half-written.whl").exists()
+
+
+def test_a_directory_without_manifest_is_not_trusted(tmp_path: Path, cell_log: Any) -> None:
+    stale = wheelhouse_path(tmp_path / "cache", REQUEST)
+    stale.mkdir(parents=True)
+    (stale / "junk.whl").write_bytes(b"")
+    pip = FakePip()
+    path = fill(tmp_path, cell_log, pip)
+    assert len(pip.calls) == 2
+    assert not (path / "junk.whl").exists()
+
+
+def test_a_torch_of_another_version_is_refused(tmp_path: Path, cell_log: Any) -> None:
+    pip = FakePip(torch_wheel="torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl")
+    with pytest.raises(WheelhouseError, match="wanted version 2.13.0\\+cpu, got 2.13.0"):
+        fill(tmp_path, cell_log, pip)
+
+
+def test_a_pin_without_local_version_accepts_the_build_pip_chose(tmp_path: Path, cell_log: Any) -> None:
+    request = WheelhouseRequest("cuda", "3.11", "torch==2.14.1", ("pytest>=8",))
+    pip = FakePip(torch_wheel="torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl")
+    path = ensure_wheelhouse(request, INDEX, tmp_path / "cache", cell_log, pip_download=pip, probe=unreachable)
+    assert path.name.startswith("cuda-")
