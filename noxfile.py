@@ -1,6 +1,8 @@
 # /// script
 # requires-python = ">=3.11"
-# dependencies = ["nox>=2025.2.9", "pyyaml>=6", "pydantic>=2.6", "docker>=7", "rich>=13", "pytest>=8"]
+# dependencies = [
+#   "nox>=2025.2.9", "pyyaml>=6", "pydantic>=2.6", "docker>=7", "rich>=13", "pytest>=8",
+# ]
 # ///
 """nox sessions of torch-fallback: thin wrappers over fallback_matrix.
 
@@ -51,7 +53,7 @@ for _cell in load_matrix(find_matrix_file(ROOT)).spec.cells:
 
 @nox.session(python=False)
 def tests(session: nox.Session) -> None:
-    """The project's test suite: the tooling tests, then the extension built and tested like the cpu cell (local runner)."""
+    """The test suite: tooling tests, then the extension built and tested as the cpu cell."""
     _call(session, "project-tests")
 
 
@@ -59,7 +61,9 @@ def tests(session: nox.Session) -> None:
 def reproduce(session: nox.Session) -> None:
     """Run exactly one cell as CI runs it: nox -s reproduce -- CELL [--gpus]."""
     if not session.posargs:
-        session.error("name the cell: nox -s reproduce -- CELL (python -m fallback_matrix list shows them)")
+        session.error(
+            "name the cell: nox -s reproduce -- CELL (python -m fallback_matrix list shows them)"
+        )
     status = cli.main(["reproduce", *session.posargs])
     if status != 0:
         session.error(f"reproducing {session.posargs[0]} failed (exit status {status})")
@@ -72,5 +76,7 @@ def lint(session: nox.Session) -> None:
     paths = [path for path in LINT_PATHS if (ROOT / path).exists()]
     session.run("ruff", "check", *paths)
     session.run("ruff", "format", "--check", *paths)
-    dockerfiles = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "docker").glob("**/Dockerfile*"))
+    dockerfiles = sorted(
+        str(path.relative_to(ROOT)) for path in (ROOT / "docker").glob("**/Dockerfile*")
+    )
     session.run("hadolint", *dockerfiles)

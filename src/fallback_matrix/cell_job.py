@@ -155,7 +155,10 @@ class Reporter:
     @contextmanager
     def step(self, name: str) -> Iterator[None]:
         number = STEPS.index(name) + 1
-        print(f"\n==> [{self.cell}] step {number}/{len(STEPS)}: {name}  (+{self.elapsed()})", flush=True)
+        print(
+            f"\n==> [{self.cell}] step {number}/{len(STEPS)}: {name}  (+{self.elapsed()})",
+            flush=True,
+        )
         began = time.monotonic()
         record: dict[str, object] = {"name": name, "status": "running"}
         self.steps.append(record)
@@ -177,7 +180,9 @@ def run(command: Sequence[str | Path], env: Mapping[str, str], cwd: Path | None 
     return subprocess.call([str(part) for part in command], env=dict(env), cwd=cwd)
 
 
-def must_run(command: Sequence[str | Path], env: Mapping[str, str], what: str, cwd: Path | None = None) -> None:
+def must_run(
+    command: Sequence[str | Path], env: Mapping[str, str], what: str, cwd: Path | None = None
+) -> None:
     status = run(command, env, cwd)
     if status != 0:
         raise StepFailed(f"{what} failed (exit status {status}); its output is above")
@@ -234,8 +239,19 @@ def ensure_base_env(layout: Layout, env: Mapping[str, str], report: Reporter) ->
     report.say(f"creating environment {base} from {layout.wheelhouse}")
     must_run([sys.executable, "-m", "venv", base], env, "creating the venv")
     must_run(
-        [venv_python(base), "-m", "pip", "install", "--progress-bar", "off", "--no-index",
-         "--find-links", layout.wheelhouse, job.torch_requirement, *job.requirements],
+        [
+            venv_python(base),
+            "-m",
+            "pip",
+            "install",
+            "--progress-bar",
+            "off",
+            "--no-index",
+            "--find-links",
+            layout.wheelhouse,
+            job.torch_requirement,
+            *job.requirements,
+        ],
         env,
         f"installing {job.torch_requirement} and the build/test groups from the wheelhouse",
     )
@@ -256,11 +272,26 @@ def create_run_venv(layout: Layout, base: Path, env: Mapping[str, str], report: 
     return venv
 
 
-def verify_torch(layout: Layout, venv: Path, env: Mapping[str, str], report: Reporter) -> dict[str, str | None]:
+def torch_matches(job: Job, version: str, cuda: str | None) -> bool:
+    """Whether an installed torch (__version__, version.cuda) is the one the cell pins."""
+    wanted = job.torch_version
+    version_ok = version == wanted if "+" in wanted else version.split("+")[0] == wanted
+    if job.expected_cuda is None:
+        return version_ok and cuda is None
+    return version_ok and cuda is not None and cuda.split(".")[0] == job.expected_cuda
+
+
+def verify_torch(
+    layout: Layout, venv: Path, env: Mapping[str, str], report: Reporter
+) -> dict[str, str | None]:
     job = layout.job
     result = subprocess.run(
         [str(venv_python(venv)), "-c", TORCH_PROBE],
-        env=dict(env), cwd=layout.work, capture_output=True, text=True, check=False,
+        env=dict(env),
+        cwd=layout.work,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if result.returncode != 0:
         print(result.stdout + result.stderr, flush=True)
@@ -268,15 +299,10 @@ def verify_torch(layout: Layout, venv: Path, env: Mapping[str, str], report: Rep
     info: dict[str, str | None] = json.loads(result.stdout.strip().splitlines()[-1])
     version, cuda = info["version"] or "", info["cuda"]
     report.say(f"torch {version}, torch.version.cuda={cuda!r}, from {info['file']}")
-    wanted = job.torch_version
-    version_ok = version == wanted if "+" in wanted else version.split("+")[0] == wanted
-    if job.expected_cuda is None:
-        variant_ok = cuda is None
-    else:
-        variant_ok = cuda is not None and cuda.split(".")[0] == job.expected_cuda
-    if not (version_ok and variant_ok):
+    if not torch_matches(job, version, cuda):
         raise StepFailed(
-            f"cell {job.cell}: WRONG TORCH: wanted torch {wanted}, {job.wanted_build()}; "
+            f"cell {job.cell}: WRONG TORCH: wanted torch {job.torch_version}, "
+            f"{job.wanted_build()}; "
             f"got torch {version} with torch.version.cuda={cuda!r}. The wheelhouse "
             f"{layout.wheelhouse} holds the wrong build: delete it and run again, or check "
             "the variant's index (matrix.yaml variants, --index-url)"
@@ -289,7 +315,9 @@ def sync_sources(layout: Layout, report: Reporter) -> None:
     job, dest = layout.job, layout.build_dir
     dest.mkdir(parents=True, exist_ok=True)
     manifest = dest / SOURCES_MANIFEST
-    previous = set(json.loads(manifest.read_text(encoding="utf-8"))) if manifest.is_file() else set()
+    previous = (
+        set(json.loads(manifest.read_text(encoding="utf-8"))) if manifest.is_file() else set()
+    )
     copied = 0
     for relative in job.sources:
         source, target = layout.repo / relative, dest / relative
@@ -321,8 +349,10 @@ def sync_sources(layout: Layout, report: Reporter) -> None:
     )
 
 
-def build_env(layout: Layout, base: Path, env: Mapping[str, str], report: Reporter) -> dict[str, str]:
-    """PATH with the venvs' tools (ninja) and ccache's compiler wrappers first; ccache's cache dir."""
+def build_env(
+    layout: Layout, base: Path, env: Mapping[str, str], report: Reporter
+) -> dict[str, str]:
+    """PATH with ccache's compiler wrappers and the venvs' tools (ninja) first; ccache settings."""
     path = [str(layout.run_venv / "bin"), str(base / "bin"), env.get("PATH", os.defpath)]
     build = dict(env)
     if shutil.which("ccache", path=env.get("PATH")):
@@ -347,8 +377,19 @@ def build_wheel(layout: Layout, env: Mapping[str, str]) -> Path:
     if layout.dist.exists():
         shutil.rmtree(layout.dist)
     must_run(
-        [venv_python(layout.run_venv), "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
-         "--no-index", "-v", "-w", layout.dist, layout.build_dir],
+        [
+            venv_python(layout.run_venv),
+            "-m",
+            "pip",
+            "wheel",
+            "--no-build-isolation",
+            "--no-deps",
+            "--no-index",
+            "-v",
+            "-w",
+            layout.dist,
+            layout.build_dir,
+        ],
         env,
         "building the wheel",
     )
@@ -360,8 +401,16 @@ def build_wheel(layout: Layout, env: Mapping[str, str]) -> Path:
 
 def install_wheel(layout: Layout, wheel: Path, env: Mapping[str, str], report: Reporter) -> None:
     must_run(
-        [venv_python(layout.run_venv), "-m", "pip", "install", "--no-index", "--no-deps",
-         "--force-reinstall", wheel],
+        [
+            venv_python(layout.run_venv),
+            "-m",
+            "pip",
+            "install",
+            "--no-index",
+            "--no-deps",
+            "--force-reinstall",
+            wheel,
+        ],
         env,
         f"installing {wheel.name}",
     )
@@ -369,7 +418,11 @@ def install_wheel(layout: Layout, wheel: Path, env: Mapping[str, str], report: R
     probe = "import importlib.util; print(importlib.util.find_spec('torch_fallback').origin)"
     result = subprocess.run(
         [str(venv_python(layout.run_venv)), "-c", probe],
-        env=dict(env), cwd=layout.test_cwd, capture_output=True, text=True, check=False,
+        env=dict(env),
+        cwd=layout.test_cwd,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     origin = result.stdout.strip()
     if result.returncode != 0 or not origin.startswith(str(layout.run_venv)):
@@ -388,12 +441,28 @@ def run_tests(layout: Layout, env: Mapping[str, str], report: Reporter) -> None:
     paths = [layout.repo / path for path in job.test_paths]
     missing = [str(path) for path in paths if not path.exists()]
     if missing:
-        raise StepFailed(f"test paths missing from the repository: {', '.join(missing)} (matrix.yaml tests.paths)")
+        raise StepFailed(
+            f"test paths missing from the repository: {', '.join(missing)} "
+            "(matrix.yaml tests.paths)"
+        )
     layout.artifacts.mkdir(parents=True, exist_ok=True)
     status = run(
-        [venv_python(layout.run_venv), "-m", "pytest", *paths, "-m", job.test_markers,
-         "--rootdir", layout.repo, "-p", "no:cacheprovider",
-         "--junitxml", layout.artifacts / "junit.xml", "-o", f"junit_suite_name={job.cell}"],
+        [
+            venv_python(layout.run_venv),
+            "-m",
+            "pytest",
+            *paths,
+            "-m",
+            job.test_markers,
+            "--rootdir",
+            layout.repo,
+            "-p",
+            "no:cacheprovider",
+            "--junitxml",
+            layout.artifacts / "junit.xml",
+            "-o",
+            f"junit_suite_name={job.cell}",
+        ],
         test_env,
         cwd=layout.test_cwd,
     )
@@ -401,10 +470,14 @@ def run_tests(layout: Layout, env: Mapping[str, str], report: Reporter) -> None:
         return
     if status == PYTEST_NO_TESTS:
         if job.allow_empty:
-            report.say(f"no test selected by -m {job.test_markers!r}: allowed for this cell (tests.allow_empty)")
+            report.say(
+                f"no test selected by -m {job.test_markers!r}: "
+                "allowed for this cell (tests.allow_empty)"
+            )
             return
         raise StepFailed(
-            f"no test selected by -m {job.test_markers!r} in {', '.join(job.test_paths)}; if that is "
+            f"no test selected by -m {job.test_markers!r} in {', '.join(job.test_paths)}; "
+            "if that is "
             "intended, set tests.allow_empty: true for this cell in matrix.yaml"
         )
     raise StepFailed(f"pytest failed (exit status {status}); see the failures above and junit.xml")
@@ -455,7 +528,9 @@ def execute(job: Job) -> int:
         print(f"\n!!! [{job.cell}] FAILED at step {failed}: {error}", flush=True)
     finally:
         status["seconds"] = round(time.monotonic() - report.started, 1)
-        (layout.artifacts / "status.json").write_text(json.dumps(status, indent=2) + "\n", encoding="utf-8")
+        (layout.artifacts / "status.json").write_text(
+            json.dumps(status, indent=2) + "\n", encoding="utf-8"
+        )
     if status["result"] == "passed":
         print(f"\n=== [{job.cell}] all steps passed in {report.elapsed()}", flush=True)
         return 0
@@ -464,14 +539,18 @@ def execute(job: Job) -> int:
 
 def main(argv: Sequence[str]) -> int:
     if len(argv) != 1:
-        print("usage: cell_job.py JOB.json   (written by python -m fallback_matrix)", file=sys.stderr)
+        print(
+            "usage: cell_job.py JOB.json   (written by python -m fallback_matrix)", file=sys.stderr
+        )
         return 2
     try:
         job = Job.from_json(Path(argv[0]).read_text(encoding="utf-8"))
     except (OSError, ValueError, TypeError) as error:
         print(f"cell_job: cannot read the job file {argv[0]}: {error}", file=sys.stderr)
         return 2
-    print(f"cell {job.cell}: python {sysconfig.get_python_version()} at {sys.executable}", flush=True)
+    print(
+        f"cell {job.cell}: python {sysconfig.get_python_version()} at {sys.executable}", flush=True
+    )
     return execute(job)
 
 

@@ -56,7 +56,11 @@ def _cells(args: argparse.Namespace, matrix: LoadedMatrix) -> tuple[Cell, ...]:
 
 
 def _artifacts(args: argparse.Namespace, matrix: LoadedMatrix) -> Path:
-    return Path(args.artifacts).resolve() if getattr(args, "artifacts", None) else artifacts_root(matrix.root)
+    return (
+        Path(args.artifacts).resolve()
+        if getattr(args, "artifacts", None)
+        else artifacts_root(matrix.root)
+    )
 
 
 def _publish(reporter: Reporter, artifacts: Path, names: Sequence[str], title: str) -> None:
@@ -78,7 +82,11 @@ def _report_failures(reporter: Reporter, results: Sequence[CellResult]) -> int:
 
 
 def _execute(
-    args: argparse.Namespace, reporter: Reporter, matrix: LoadedMatrix, cells: Sequence[Cell], runner_choice: str
+    args: argparse.Namespace,
+    reporter: Reporter,
+    matrix: LoadedMatrix,
+    cells: Sequence[Cell],
+    runner_choice: str,
 ) -> list[CellResult]:
     decision = decide_runner(runner_choice)  # type: ignore[arg-type]
     reporter.note(f"runner {decision.name} ({decision.reason})")
@@ -102,24 +110,52 @@ def cmd_list(args: argparse.Namespace, reporter: Reporter) -> int:
     if args.json:
         payload = [
             {
-                "name": c.name, "variant": c.variant, "python": c.python, "torch": c.torch,
-                "cuda": c.cuda, "gpu": c.gpu, "runner": c.runner, "runner_labels": list(c.runner_labels),
-                "selections": list(c.selections), "index_url": c.index.url,
+                "name": c.name,
+                "variant": c.variant,
+                "python": c.python,
+                "torch": c.torch,
+                "cuda": c.cuda,
+                "gpu": c.gpu,
+                "runner": c.runner,
+                "runner_labels": list(c.runner_labels),
+                "selections": list(c.selections),
+                "index_url": c.index.url,
                 "image": {"dockerfile": c.image.dockerfile, "base": c.image.base},
-                "tests": {"paths": list(c.tests.paths), "markers": c.tests.markers,
-                          "allow_empty": c.tests.allow_empty},
+                "tests": {
+                    "paths": list(c.tests.paths),
+                    "markers": c.tests.markers,
+                    "allow_empty": c.tests.allow_empty,
+                },
             }
             for c in cells
         ]
         print(json.dumps(payload, indent=2))
         return EXIT_OK
-    table = Table(title=f"cells of {matrix.file.name}" + (f" ({args.selection})" if args.selection else ""))
-    for header in ("cell", "variant", "python", "torch", "cuda", "gpu", "runs on", "workflows", "tests"):
+    table = Table(
+        title=f"cells of {matrix.file.name}" + (f" ({args.selection})" if args.selection else "")
+    )
+    for header in (
+        "cell",
+        "variant",
+        "python",
+        "torch",
+        "cuda",
+        "gpu",
+        "runs on",
+        "workflows",
+        "tests",
+    ):
         table.add_column(header)
     for c in cells:
         table.add_row(
-            c.name, c.variant, c.python, c.torch, c.cuda or "-", "yes" if c.gpu else "-",
-            ", ".join(c.runner_labels), ", ".join(c.selections),
+            c.name,
+            c.variant,
+            c.python,
+            c.torch,
+            c.cuda or "-",
+            "yes" if c.gpu else "-",
+            ", ".join(c.runner_labels),
+            ", ".join(c.selections),
             f"{' '.join(c.tests.paths)} -m '{c.tests.markers}'",
         )
     reporter.console.print(table)
@@ -145,7 +181,8 @@ def cmd_reproduce(args: argparse.Namespace, reporter: Reporter) -> int:
     status = _report_failures(reporter, results)
     if status != EXIT_OK:
         reporter.note(
-            f"artifacts of the run: {_artifacts(args, matrix) / cell.name}/ (cell.log, junit.xml, status.json)"
+            f"artifacts of the run: {_artifacts(args, matrix) / cell.name}/ "
+            "(cell.log, junit.xml, status.json)"
         )
     return status
 
@@ -154,7 +191,9 @@ def cmd_summary(args: argparse.Namespace, reporter: Reporter) -> int:
     root = Path(args.artifacts).resolve() if args.artifacts else artifacts_root(_matrix(args).root)
     rows = collect_rows(root)
     if not rows:
-        reporter.error(f"no cell results under {root}; run cells first (python -m fallback_matrix run CELL)")
+        reporter.error(
+            f"no cell results under {root}; run cells first (python -m fallback_matrix run CELL)"
+        )
         return EXIT_USAGE
     reporter.console.print(render_table(rows))
     markdown_target = args.markdown or os.environ.get("GITHUB_STEP_SUMMARY")
@@ -176,10 +215,26 @@ def run_tooling_tests(matrix: LoadedMatrix, artifacts: Path, reporter: Reporter)
     target.mkdir(parents=True)
     paths = [str(matrix.root / path) for path in matrix.spec.project_tests.tooling_paths]
     reporter.rule(f"tooling tests: {' '.join(matrix.spec.project_tests.tooling_paths)}")
-    command = [sys.executable, "-m", "pytest", *paths, "-p", "no:cacheprovider",
-               "--junitxml", str(target / JUNIT_FILE), "-o", f"junit_suite_name={TOOLING_ROW}"]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        *paths,
+        "-p",
+        "no:cacheprovider",
+        "--junitxml",
+        str(target / JUNIT_FILE),
+        "-o",
+        f"junit_suite_name={TOOLING_ROW}",
+    ]
     status = subprocess.call(command, cwd=matrix.root)
-    record = {"cell": TOOLING_ROW, "runner": "host", "exit_code": status, "seconds": None, "error": None}
+    record = {
+        "cell": TOOLING_ROW,
+        "runner": "host",
+        "exit_code": status,
+        "seconds": None,
+        "error": None,
+    }
     (target / RESULT_FILE).write_text(json.dumps(record) + "\n", encoding="utf-8")
     return status == 0
 
@@ -193,7 +248,10 @@ def cmd_project_tests(args: argparse.Namespace, reporter: Reporter) -> int:
     _publish(reporter, artifacts, [TOOLING_ROW, cell.name], title="tests")
     status = _report_failures(reporter, results)
     if not tooling_ok:
-        reporter.error(f"tooling tests failed; see the pytest output above ({artifacts / TOOLING_ROW / JUNIT_FILE})")
+        reporter.error(
+            "tooling tests failed; see the pytest output above "
+            f"({artifacts / TOOLING_ROW / JUNIT_FILE})"
+        )
         status = EXIT_FAILED
     return status
 
@@ -229,24 +287,38 @@ def cmd_clean(args: argparse.Namespace, reporter: Reporter) -> int:
 
 def _add_run_options(parser: argparse.ArgumentParser, default_runner: str) -> None:
     parser.add_argument(
-        "--runner", choices=("docker", "local", "auto"), default=default_runner,
-        help=f"where the job runs (default {default_runner}; auto: docker when a daemon answers, else local)",
+        "--runner",
+        choices=("docker", "local", "auto"),
+        default=default_runner,
+        help=f"where the job runs (default {default_runner}; "
+        "auto: docker when a daemon answers, else local)",
     )
-    parser.add_argument("--gpus", action="store_true", help="pass the host's GPUs into the container")
-    parser.add_argument("--artifacts", metavar="DIR", help="artifacts root (default <repo>/artifacts)")
+    parser.add_argument(
+        "--gpus", action="store_true", help="pass the host's GPUs into the container"
+    )
+    parser.add_argument(
+        "--artifacts", metavar="DIR", help="artifacts root (default <repo>/artifacts)"
+    )
     _add_index_option(parser)
 
 
 def _add_index_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--index-url", action="append", metavar="VARIANT=URL",
-        help="the index torch of VARIANT (cpu, cuda) comes from; overrides matrix.yaml and its env variable",
+        "--index-url",
+        action="append",
+        metavar="VARIANT=URL",
+        help="the index torch of VARIANT (cpu, cuda) comes from; "
+        "overrides matrix.yaml and its env variable",
     )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m fallback_matrix", description=__doc__.split("\n")[0])
-    parser.add_argument("--matrix", metavar="PATH", help="matrix file (default: matrix.yaml here or above)")
+    parser = argparse.ArgumentParser(
+        prog="python -m fallback_matrix", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--matrix", metavar="PATH", help="matrix file (default: matrix.yaml here or above)"
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     listing = commands.add_parser("list", help="show the cells")
@@ -266,17 +338,28 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.set_defaults(handler=cmd_reproduce)
 
     summary = commands.add_parser("summary", help="table of the last results under artifacts/")
-    summary.add_argument("--artifacts", metavar="DIR", help="artifacts root (default <repo>/artifacts)")
-    summary.add_argument("--markdown", metavar="PATH",
-                         help="also append GitHub markdown to PATH ('-': stdout; default $GITHUB_STEP_SUMMARY)")
+    summary.add_argument(
+        "--artifacts", metavar="DIR", help="artifacts root (default <repo>/artifacts)"
+    )
+    summary.add_argument(
+        "--markdown",
+        metavar="PATH",
+        help="also append GitHub markdown to PATH ('-': stdout; default $GITHUB_STEP_SUMMARY)",
+    )
     summary.set_defaults(handler=cmd_summary)
 
-    tests = commands.add_parser("project-tests", help="the tooling tests, then the project-tests cell (nox -s tests)")
+    tests = commands.add_parser(
+        "project-tests", help="the tooling tests, then the project-tests cell (nox -s tests)"
+    )
     _add_run_options(tests, default_runner="local")
     tests.set_defaults(handler=cmd_project_tests)
 
-    clean = commands.add_parser("clean", help="remove leftover containers and interrupted wheelhouse fills")
-    clean.add_argument("--caches", action="store_true", help="also remove every cache (volume, wheelhouses)")
+    clean = commands.add_parser(
+        "clean", help="remove leftover containers and interrupted wheelhouse fills"
+    )
+    clean.add_argument(
+        "--caches", action="store_true", help="also remove every cache (volume, wheelhouses)"
+    )
     clean.set_defaults(handler=cmd_clean)
     return parser
 

@@ -38,13 +38,17 @@ class Reporter:
         return format_elapsed(time.monotonic() - self.started)
 
     def step(self, cell: str, message: str) -> None:
-        self.console.print(f"[dim]\\[+{self.elapsed()}][/dim] [bold cyan]{escape(cell)}[/] {escape(message)}")
+        self.console.print(
+            f"[dim]\\[+{self.elapsed()}][/dim] [bold cyan]{escape(cell)}[/] {escape(message)}"
+        )
 
     def note(self, message: str) -> None:
         self.console.print(f"[dim]\\[+{self.elapsed()}][/dim] {escape(message)}")
 
     def warn(self, message: str) -> None:
-        self.console.print(f"[dim]\\[+{self.elapsed()}][/dim] [yellow]warning:[/] {escape(message)}")
+        self.console.print(
+            f"[dim]\\[+{self.elapsed()}][/dim] [yellow]warning:[/] {escape(message)}"
+        )
 
     def error(self, message: str) -> None:
         self.console.print(f"[bold red]error:[/] {escape(message)}")

@@ -37,7 +37,9 @@ def context_digest(context: Path, build_args: Mapping[str, str]) -> str:
     return digest.hexdigest()
 
 
-def image_tag(context: Path, build_args: Mapping[str, str], repository: str = IMAGE_REPOSITORY) -> str:
+def image_tag(
+    context: Path, build_args: Mapping[str, str], repository: str = IMAGE_REPOSITORY
+) -> str:
     return f"{repository}:{context_digest(context, build_args)[:12]}"
 
 

@@ -27,7 +27,7 @@ def probe_index(url: str, project: str = "torch", timeout: float = PROBE_TIMEOUT
     page = url.rstrip("/") + f"/{project}/"
     request = urllib.request.Request(page, method="HEAD", headers={"User-Agent": "fallback-matrix"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return ProbeResult(url, True, f"HTTP {response.status}")
     except urllib.error.HTTPError as error:
         return ProbeResult(url, False, f"HTTP {error.code} for {page}")

@@ -58,8 +58,13 @@ def find_matrix_file(start: Path) -> Path:
             return candidate
     raise MatrixFileError(
         start / MATRIX_FILE_NAME,
-        [Problem("", f"no {MATRIX_FILE_NAME} here or in any parent directory; run from the "
-                     "repository root or pass --matrix PATH")],
+        [
+            Problem(
+                "",
+                f"no {MATRIX_FILE_NAME} here or in any parent directory; run from the "
+                "repository root or pass --matrix PATH",
+            )
+        ],
     )
 
 
@@ -67,7 +72,9 @@ def load_matrix(file: Path) -> LoadedMatrix:
     """Read and validate a matrix file; raise MatrixFileError listing every problem."""
     file = file.resolve()
     if not file.is_file():
-        raise MatrixFileError(file, [Problem("", "file not found; pass --matrix PATH to use another")])
+        raise MatrixFileError(
+            file, [Problem("", "file not found; pass --matrix PATH to use another")]
+        )
     try:
         document = read_yaml(file)
     except YamlSyntaxError as error:
@@ -77,7 +84,14 @@ def load_matrix(file: Path) -> LoadedMatrix:
     if not isinstance(document.data, dict):
         kind = "empty" if document.data is None else f"a {type(document.data).__name__}"
         raise MatrixFileError(
-            file, [Problem("", f"expected a mapping with keys version, defaults, ... at the top, got {kind}", 1)]
+            file,
+            [
+                Problem(
+                    "",
+                    f"expected a mapping with keys version, defaults, ... at the top, got {kind}",
+                    1,
+                )
+            ],
         )
     try:
         spec = MatrixFile.model_validate(document.data)
@@ -113,8 +127,9 @@ def _describe(item: Any, loc: KeyPath) -> str:
         return _unknown_key_message(loc)
     got = _show(value)
     if kind == "string_type" and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return (f"expected a string, got the number {value!r}: quote it (YAML reads 3.10 as 3.1)"
-                + (f"; expected {expected}" if expected else ""))
+        return f"expected a string, got the number {value!r}: quote it (YAML reads 3.10 as 3.1)" + (
+            f"; expected {expected}" if expected else ""
+        )
     if kind == "string_pattern_mismatch" and expected:
         return f"expected {expected}, got {got}"
     if kind == "literal_error":
@@ -193,31 +208,50 @@ def _reference_problems(spec: MatrixFile, document: YamlDocument) -> Iterator[Pr
 
     runners = sorted(spec.runners)
     if spec.defaults.runner not in spec.runners:
-        yield problem(("defaults", "runner"),
-                      f"unknown runner {spec.defaults.runner!r}; expected one of {runners} (keys of `runners`)")
+        yield problem(
+            ("defaults", "runner"),
+            f"unknown runner {spec.defaults.runner!r}; "
+            f"expected one of {runners} (keys of `runners`)",
+        )
     first_index: dict[str, int] = {}
     for index, cell in enumerate(spec.cells):
         here: KeyPath = ("cells", index)
         if cell.name in first_index:
-            yield problem((*here, "name"),
-                          f"duplicate cell name {cell.name!r} (first used by cells[{first_index[cell.name]}]); "
-                          "cell names must be unique")
+            yield problem(
+                (*here, "name"),
+                f"duplicate cell name {cell.name!r} "
+                f"(first used by cells[{first_index[cell.name]}]); "
+                "cell names must be unique",
+            )
         else:
             first_index[cell.name] = index
         if cell.variant not in spec.variants:
-            yield problem((*here, "variant"),
-                          f"unknown variant {cell.variant!r}; expected one of {sorted(spec.variants)} "
-                          "(keys of `variants`)")
+            yield problem(
+                (*here, "variant"),
+                f"unknown variant {cell.variant!r}; expected one of {sorted(spec.variants)} "
+                "(keys of `variants`)",
+            )
         if cell.variant == "cuda" and cell.cuda is None:
-            yield problem((*here, "cuda"),
-                          'missing key; a cuda cell must say which CUDA major torch.version.cuda has, e.g. "13"')
+            yield problem(
+                (*here, "cuda"),
+                "missing key; a cuda cell must say which CUDA major torch.version.cuda has, "
+                'e.g. "13"',
+            )
         if cell.variant == "cpu" and cell.cuda is not None:
-            yield problem((*here, "cuda"), "a cpu cell expects torch.version.cuda to be None; remove this key")
+            yield problem(
+                (*here, "cuda"), "a cpu cell expects torch.version.cuda to be None; remove this key"
+            )
         if cell.gpu and cell.variant != "cuda":
-            yield problem((*here, "gpu"), "gpu: true needs variant cuda; a CPU-only torch cannot use a GPU")
+            yield problem(
+                (*here, "gpu"), "gpu: true needs variant cuda; a CPU-only torch cannot use a GPU"
+            )
         if cell.runner is not None and cell.runner not in spec.runners:
-            yield problem((*here, "runner"),
-                          f"unknown runner {cell.runner!r}; expected one of {runners} (keys of `runners`)")
+            yield problem(
+                (*here, "runner"),
+                f"unknown runner {cell.runner!r}; expected one of {runners} (keys of `runners`)",
+            )
     if spec.project_tests.cell not in first_index:
-        yield problem(("project_tests", "cell"),
-                      f"unknown cell {spec.project_tests.cell!r}; expected one of {sorted(first_index)}")
+        yield problem(
+            ("project_tests", "cell"),
+            f"unknown cell {spec.project_tests.cell!r}; expected one of {sorted(first_index)}",
+        )

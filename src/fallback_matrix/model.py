@@ -40,7 +40,7 @@ class ImageSpec(_Strict):
     """How a cell's build image is made: a Dockerfile and its base image (a build arg)."""
 
     dockerfile: str = Field(
-        description="path of the Dockerfile, relative to the repository root, e.g. docker/Dockerfile"
+        description="the Dockerfile's path from the repository root, e.g. docker/Dockerfile"
     )
     base: str = Field(description="the base image, e.g. python:3.11-slim-bookworm")
 
@@ -54,7 +54,8 @@ class TestSelection(_Strict):
     """Which tests a cell runs against its freshly built wheel."""
 
     paths: list[str] = Field(
-        min_length=1, description="test paths relative to the repository root, e.g. [tests/extension]"
+        min_length=1,
+        description="test paths relative to the repository root, e.g. [tests/extension]",
     )
     markers: str = Field(
         min_length=1, description='a pytest -m expression, e.g. "not requires_cuda"'
@@ -92,7 +93,8 @@ class VariantSpec(_Strict):
     )
     index_url_env: str = Field(
         pattern=r"^[A-Z][A-Z0-9_]*$",
-        description="the environment variable that overrides index_url, e.g. FALLBACK_MATRIX_INDEX_URL_CPU",
+        description="the environment variable that overrides index_url, "
+        "e.g. FALLBACK_MATRIX_INDEX_URL_CPU",
     )
 
 
@@ -108,11 +110,13 @@ class CellSpec(_Strict):
     cuda: str | None = Field(
         default=None,
         pattern=r"^[0-9]+$",
-        description='for variant cuda: the CUDA major version torch.version.cuda must start with, e.g. "13"',
+        description="for variant cuda: the CUDA major version torch.version.cuda must start "
+        'with, e.g. "13"',
     )
     python: PythonVersion | None = None
     gpu: bool = Field(
-        default=False, description="true when the cell's tests need a visible GPU (they fail without one)"
+        default=False,
+        description="true when the cell's tests need a visible GPU (they fail without one)",
     )
     runner: str | None = Field(default=None, description="a key of `runners`")
     selections: list[SelectionName] | None = Field(
@@ -123,7 +127,7 @@ class CellSpec(_Strict):
 
 
 class ProjectTests(_Strict):
-    """What `nox -s tests` runs: one cell's build with the local runner, plus the tooling's own tests."""
+    """What `nox -s tests` runs: one cell with the local runner, plus the tooling's own tests."""
 
     cell: CellName
     tooling_paths: list[str] = Field(

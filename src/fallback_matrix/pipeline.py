@@ -59,7 +59,8 @@ def run_cell(
     where = runner.name
     with CellLog(reporter, cell.name, artifacts / LOG_FILE) as log:
         log.step(
-            f"torch=={cell.torch} ({cell.variant}), Python {cell.python}, tests {' '.join(cell.tests.paths)} "
+            f"torch=={cell.torch} ({cell.variant}), Python {cell.python}, "
+            f"tests {' '.join(cell.tests.paths)} "
             f"-m {cell.tests.markers!r}, index {cell.index.url} ({cell.index.source})"
         )
         try:
@@ -79,15 +80,23 @@ def run_cell(
             outcome = runner.run(work, log)
             exit_code, where = outcome.exit_code, outcome.where
             if exit_code != 0:
-                error = f"cell {cell.name} failed in {where} (exit status {exit_code}); log: {log.path}"
+                error = (
+                    f"cell {cell.name} failed in {where} (exit status {exit_code}); log: {log.path}"
+                )
         except MatrixError as problem:
             error = str(problem)
             if cell.name not in error:
                 error = f"cell {cell.name}: {error}"
             log.line(f"error: {error}")
     seconds = round(time.monotonic() - started, 1)
-    record = {"cell": cell.name, "runner": runner.name, "where": where, "exit_code": exit_code,
-              "seconds": seconds, "error": error}
+    record = {
+        "cell": cell.name,
+        "runner": runner.name,
+        "where": where,
+        "exit_code": exit_code,
+        "seconds": seconds,
+        "error": error,
+    }
     (artifacts / RESULT_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return CellResult(cell.name, runner.name, exit_code, seconds, artifacts / LOG_FILE, error)
 
@@ -106,8 +115,13 @@ def run_cells(
     for number, cell in enumerate(cells, start=1):
         reporter.rule(f"cell {cell.name} ({number}/{len(cells)}) - runner {runner.name}")
         result = run_cell(
-            matrix, cell, runner,
-            cache_root=cache_root, artifacts_root=artifacts_root, gpus=gpus, reporter=reporter,
+            matrix,
+            cell,
+            runner,
+            cache_root=cache_root,
+            artifacts_root=artifacts_root,
+            gpus=gpus,
+            reporter=reporter,
         )
         state = "passed" if result.passed else "FAILED"
         reporter.step(cell.name, f"{state} in {result.seconds:.0f}s (log {result.log})")

@@ -6,10 +6,11 @@ only reads it (PEP 735, including ``{include-group = "..."}`` entries).
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from .errors import ProjectFileError
 
@@ -21,12 +22,14 @@ def _expand_group(
 ) -> list[str]:
     if name in seen:
         chain = " -> ".join((*seen, name))
-        raise ProjectFileError(f"{file}: [dependency-groups] include cycle: {chain}; remove one include")
+        raise ProjectFileError(
+            f"{file}: [dependency-groups] include cycle: {chain}; remove one include"
+        )
     entries = groups.get(name)
     if not isinstance(entries, list):
         raise ProjectFileError(
             f"{file}: [dependency-groups] has no list named {name!r}; a cell installs the groups "
-            f"{', '.join(CELL_GROUPS)}: add it, e.g. {name} = [\"pytest>=8\"]"
+            f'{", ".join(CELL_GROUPS)}: add it, e.g. {name} = ["pytest>=8"]'
         )
     requirements: list[str] = []
     for entry in entries:
@@ -36,7 +39,8 @@ def _expand_group(
             requirements += _expand_group(groups, entry["include-group"], file, (*seen, name))
         else:
             raise ProjectFileError(
-                f"{file}: [dependency-groups].{name} has an entry {entry!r}; expected a requirement "
+                f"{file}: [dependency-groups].{name} has an entry {entry!r}; "
+                "expected a requirement "
                 'string or {include-group = "NAME"}'
             )
     return requirements

@@ -12,16 +12,37 @@ import subprocess
 from pathlib import Path
 
 SKIPPED_DIRS = frozenset(
-    {".git", ".cache", ".nox", ".venv", "artifacts", "build", "dist", "__pycache__",
-     ".pytest_cache", ".ruff_cache", ".mypy_cache"}
+    {
+        ".git",
+        ".cache",
+        ".nox",
+        ".venv",
+        "artifacts",
+        "build",
+        "dist",
+        "__pycache__",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".mypy_cache",
+    }
 )
 
 
 def _git_files(repo: Path) -> list[str] | None:
     try:
         result = subprocess.run(
-            ["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-            capture_output=True, check=False,
+            [
+                "git",
+                "-C",
+                str(repo),
+                "ls-files",
+                "-z",
+                "--cached",
+                "--others",
+                "--exclude-standard",
+            ],
+            capture_output=True,
+            check=False,
         )
     except FileNotFoundError:
         return None

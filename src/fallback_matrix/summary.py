@@ -70,8 +70,11 @@ def read_row(cell_dir: Path) -> CellRow:
 def collect_rows(artifacts_root: Path, cells: Sequence[str] | None = None) -> list[CellRow]:
     """Rows for ``cells`` (default: every cell directory under ``artifacts_root``)."""
     if cells is None:
-        cells = sorted(p.name for p in artifacts_root.glob("*") if (p / RESULT_FILE).is_file()
-                       or (p / STATUS_FILE).is_file())
+        cells = sorted(
+            p.name
+            for p in artifacts_root.glob("*")
+            if (p / RESULT_FILE).is_file() or (p / STATUS_FILE).is_file()
+        )
     return [read_row(artifacts_root / cell) for cell in cells]
 
 
@@ -107,7 +110,9 @@ HEADERS = ["cell", "runner", "build", "passed", "failed", "skipped", "time", "re
 def render_table(rows: Sequence[CellRow], title: str = "matrix") -> Table:
     table = Table(title=title)
     for header in HEADERS:
-        table.add_column(header, justify="right" if header in ("passed", "failed", "skipped", "time") else "left")
+        table.add_column(
+            header, justify="right" if header in ("passed", "failed", "skipped", "time") else "left"
+        )
     for row in rows:
         style = "green" if row.result == "passed" else "red"
         table.add_row(*_cells(row), style=style)
@@ -126,4 +131,5 @@ def render_markdown(rows: Sequence[CellRow], title: str = "matrix") -> str:
 def closing_line(rows: Sequence[CellRow], label: str = "matrix") -> str:
     """One plain line: '<label>: N passed, N failed, N skipped'."""
     total = total_counts(rows)
-    return f"{label}: {total.passed} passed, {total.failed + total.errors} failed, {total.skipped} skipped"
+    failed = total.failed + total.errors
+    return f"{label}: {total.passed} passed, {failed} failed, {total.skipped} skipped"

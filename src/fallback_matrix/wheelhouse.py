@@ -96,7 +96,8 @@ def check_torch_wheel(directory: Path, request: WheelhouseRequest) -> Path:
     if len(found) != 1:
         names = ", ".join(path.name for path in found) or "none"
         raise WheelhouseError(
-            f"cell {request.cell}: expected exactly one torch wheel for {request.torch_requirement} "
+            f"cell {request.cell}: expected exactly one torch wheel for "
+            f"{request.torch_requirement} "
             f"in the wheelhouse, found {names}"
         )
     got = wheel_version(found[0])
@@ -166,13 +167,15 @@ def _fill(
         index_args = ["--index-url", index_url]
     else:
         log.step(
-            f"index {index_url} unreachable ({result.detail}); using pip's own configuration instead"
+            f"index {index_url} unreachable ({result.detail}); "
+            "using pip's own configuration instead"
         )
         index_args = []
     status = pip_download([*target, *index_args, "--dest", str(staging), request.torch_requirement])
     if status != 0:
         raise WheelhouseError(
-            f"cell {request.cell}: pip download of {request.torch_requirement} failed (exit {status}); "
+            f"cell {request.cell}: pip download of {request.torch_requirement} failed "
+            f"(exit {status}); "
             "see its output above. Check the index, or set it with --index-url VARIANT=URL"
         )
     torch_wheel = check_torch_wheel(staging, request)

@@ -71,7 +71,7 @@ def _index_lines(node: yaml.Node, path: KeyPath, lines: dict[KeyPath, int]) -> N
 def parse_yaml(text: str) -> YamlDocument:
     """Parse one YAML document; raise YamlSyntaxError with a line number when it is invalid."""
     try:
-        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_StrictLoader)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark

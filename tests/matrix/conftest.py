@@ -24,7 +24,9 @@ def _import_fallback_matrix() -> None:
         return
     package_dir = REPO_ROOT / "src" / "fallback_matrix"
     spec = importlib.util.spec_from_file_location(
-        "fallback_matrix", package_dir / "__init__.py", submodule_search_locations=[str(package_dir)]
+        "fallback_matrix",
+        package_dir / "__init__.py",
+        submodule_search_locations=[str(package_dir)],
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -45,16 +47,28 @@ VALID_MATRIX: dict[str, Any] = {
     },
     "runners": {"build": ["ubuntu-24.04"], "gpu": ["self-hosted", "linux", "x64", "gpu"]},
     "variants": {
-        "cpu": {"index_url": "https://download.pytorch.org/whl/cpu", "index_url_env": "FALLBACK_MATRIX_INDEX_URL_CPU"},
-        "cuda": {"index_url": "https://pypi.org/simple", "index_url_env": "FALLBACK_MATRIX_INDEX_URL_CUDA"},
+        "cpu": {
+            "index_url": "https://download.pytorch.org/whl/cpu",
+            "index_url_env": "FALLBACK_MATRIX_INDEX_URL_CPU",
+        },
+        "cuda": {
+            "index_url": "https://pypi.org/simple",
+            "index_url_env": "FALLBACK_MATRIX_INDEX_URL_CUDA",
+        },
     },
     "project_tests": {"cell": "cpu", "tooling_paths": ["tests/matrix"]},
     "cells": [
         {"name": "cpu", "variant": "cpu", "python": "3.11", "torch": "2.13.0+cpu"},
         {"name": "cuda", "variant": "cuda", "python": "3.11", "torch": "2.14.1", "cuda": "13"},
         {
-            "name": "cuda-gpu", "variant": "cuda", "torch": "2.14.1", "cuda": "13", "gpu": True,
-            "runner": "gpu", "selections": ["main"], "tests": {"markers": "requires_cuda"},
+            "name": "cuda-gpu",
+            "variant": "cuda",
+            "torch": "2.14.1",
+            "cuda": "13",
+            "gpu": True,
+            "runner": "gpu",
+            "selections": ["main"],
+            "tests": {"markers": "requires_cuda"},
         },
     ],
 }
@@ -89,8 +103,9 @@ def reporter() -> Any:
     """A Reporter printing into a buffer: reporter.console.file.getvalue() is what a user saw."""
     import io
 
-    from fallback_matrix.console import Reporter
     from rich.console import Console
+
+    from fallback_matrix.console import Reporter
 
     return Reporter(Console(file=io.StringIO(), width=200, highlight=False, soft_wrap=True))
 

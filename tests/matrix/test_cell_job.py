@@ -1,4 +1,4 @@
-"""The in-cell job: standard library only, strict about its job file, the torch variant and its sources."""
+"""The in-cell job: standard library only; strict about its job file, torch variant and sources."""
 
 from __future__ import annotations
 
@@ -11,13 +11,33 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from fallback_matrix import cell_job
-from fallback_matrix.cell_job import Job, Layout, Reporter, StepFailed, run_tests, sync_sources, torch_matches
+from fallback_matrix.cell_job import (
+    Job,
+    Layout,
+    Reporter,
+    StepFailed,
+    run_tests,
+    sync_sources,
+    torch_matches,
+)
 
 JOB = Job(
-    cell="cpu", torch_requirement="torch==2.13.0+cpu", expected_cuda=None, requirements=["pytest>=8"],
-    test_paths=["tests"], test_markers="not requires_cuda", allow_empty=False, require_gpu=False,
-    sources=[], repo="/src", wheelhouse="/wheelhouse", cache="/cache", work="/work", artifacts="/out",
+    cell="cpu",
+    torch_requirement="torch==2.13.0+cpu",
+    expected_cuda=None,
+    requirements=["pytest>=8"],
+    test_paths=["tests"],
+    test_markers="not requires_cuda",
+    allow_empty=False,
+    require_gpu=False,
+    sources=[],
+    repo="/src",
+    wheelhouse="/wheelhouse",
+    cache="/cache",
+    work="/work",
+    artifacts="/out",
 )
 
 
@@ -51,20 +71,41 @@ def test_job_file_with_wrong_keys_is_refused() -> None:
         ({}, "2.13.0+cpu", None, True),
         ({}, "2.13.0+cpu", "13.0", False),
         ({}, "2.13.0", None, False),
-        ({"torch_requirement": "torch==2.14.1", "expected_cuda": "13"}, "2.14.1+cu130", "13.0", True),
+        (
+            {"torch_requirement": "torch==2.14.1", "expected_cuda": "13"},
+            "2.14.1+cu130",
+            "13.0",
+            True,
+        ),
         ({"torch_requirement": "torch==2.14.1", "expected_cuda": "13"}, "2.14.1+cpu", None, False),
-        ({"torch_requirement": "torch==2.14.1", "expected_cuda": "13"}, "2.14.1+cu128", "12.8", False),
-        ({"torch_requirement": "torch==2.14.1", "expected_cuda": "13"}, "2.14.0+cu130", "13.0", False),
+        (
+            {"torch_requirement": "torch==2.14.1", "expected_cuda": "13"},
+            "2.14.1+cu128",
+            "12.8",
+            False,
+        ),
+        (
+            {"torch_requirement": "torch==2.14.1", "expected_cuda": "13"},
+            "2.14.0+cu130",
+            "13.0",
+            False,
+        ),
     ],
 )
-def test_torch_variant_check(job_changes: dict[str, Any], version: str, cuda: str | None, ok: bool) -> None:
+def test_torch_variant_check(
+    job_changes: dict[str, Any], version: str, cuda: str | None, ok: bool
+) -> None:
     assert torch_matches(dataclasses.replace(JOB, **job_changes), version, cuda) is ok
 
 
 def layout_for(tmp_path: Path, sources: list[str]) -> Layout:
     repo = tmp_path / "repo"
     job = dataclasses.replace(
-        JOB, sources=sources, repo=str(repo), cache=str(tmp_path / "cache"), work=str(tmp_path / "work"),
+        JOB,
+        sources=sources,
+        repo=str(repo),
+        cache=str(tmp_path / "cache"),
+        work=str(tmp_path / "work"),
         artifacts=str(tmp_path / "out"),
     )
     return Layout(job)
@@ -81,7 +122,9 @@ def test_sources_are_copied_kept_and_removed(tmp_path: Path) -> None:
     build = layout.build_dir
     assert build == tmp_path / "cache" / "build" / "cpu"
     assert (build / "src" / "a.cpp").read_text() == "int a;"
-    assert os.stat(build / "src" / "a.cpp").st_mtime_ns == os.stat(repo / "src" / "a.cpp").st_mtime_ns
+    assert (
+        os.stat(build / "src" / "a.cpp").st_mtime_ns == os.stat(repo / "src" / "a.cpp").st_mtime_ns
+    )
 
     (build / "build" / "temp.linux").mkdir(parents=True)
     (build / "build" / "temp.linux" / "a.o").write_text("object")
@@ -89,15 +132,17 @@ def test_sources_are_copied_kept_and_removed(tmp_path: Path) -> None:
     (build / "build" / "lib.linux" / "pkg" / "stale.py").write_text("")
     (build / "generated.json").write_text("{}")
     (repo / "src" / "gone.cpp").unlink()
-    sync_sources(dataclasses.replace(layout.job, sources=["setup.py", "src/a.cpp"]) and
-                 Layout(dataclasses.replace(layout.job, sources=["setup.py", "src/a.cpp"])), Reporter("cpu"))
+    shrunk = Layout(dataclasses.replace(layout.job, sources=["setup.py", "src/a.cpp"]))
+    sync_sources(shrunk, Reporter("cpu"))
     assert not (build / "src" / "gone.cpp").exists()  # removed from the repository
     assert (build / "build" / "temp.linux" / "a.o").exists()  # ninja's objects stay
     assert not (build / "build" / "lib.linux").exists()  # setuptools staging never goes stale
     assert (build / "generated.json").exists()  # never listed, so never deleted
 
 
-def test_unchanged_sources_are_not_rewritten(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unchanged_sources_are_not_rewritten(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "a.cpp").write_text("int a;")
@@ -118,7 +163,9 @@ def test_no_tests_collected_passes_only_when_allowed(
     if passes:
         run_tests(layout, {}, Reporter("cpu"))
     else:
-        with pytest.raises(StepFailed, match="no test selected by -m 'not requires_cuda'.*allow_empty"):
+        with pytest.raises(
+            StepFailed, match=r"no test selected by -m 'not requires_cuda'.*allow_empty"
+        ):
             run_tests(layout, {}, Reporter("cpu"))
 
 
@@ -141,7 +188,9 @@ def test_gpu_cells_make_a_missing_gpu_fail(tmp_path: Path, monkeypatch: pytest.M
 def test_tests_run_outside_the_source_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "repo" / "tests").mkdir(parents=True)
     calls: list[tuple[list[Any], Path | None]] = []
-    monkeypatch.setattr(cell_job, "run", lambda command, env, cwd=None: calls.append((list(command), cwd)) or 0)
+    monkeypatch.setattr(
+        cell_job, "run", lambda command, env, cwd=None: calls.append((list(command), cwd)) or 0
+    )
     layout = layout_for(tmp_path, [])
     run_tests(layout, {}, Reporter("cpu"))
     command, cwd = calls[0]

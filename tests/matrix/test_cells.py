@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from fallback_matrix.cells import expand_cells, parse_index_override, pick_cells
 from fallback_matrix.errors import MatrixError, UnknownCellError
 from fallback_matrix.model import MatrixFile
@@ -51,7 +52,9 @@ def test_index_url_from_the_file_by_default(matrix_data: dict[str, Any]) -> None
 
 
 def test_environment_overrides_the_file(matrix_data: dict[str, Any]) -> None:
-    cells = expand(matrix_data, environ={"FALLBACK_MATRIX_INDEX_URL_CPU": "https://mirror.example/cpu"})
+    cells = expand(
+        matrix_data, environ={"FALLBACK_MATRIX_INDEX_URL_CPU": "https://mirror.example/cpu"}
+    )
     assert cells["cpu"].index.url == "https://mirror.example/cpu"
     assert cells["cpu"].index.source == "$FALLBACK_MATRIX_INDEX_URL_CPU"
     assert cells["cuda"].index.url == "https://pypi.org/simple"
@@ -93,5 +96,8 @@ def test_pick_cells_keeps_the_order_asked(matrix_data: dict[str, Any]) -> None:
 
 def test_pick_cells_names_unknown_cells(matrix_data: dict[str, Any]) -> None:
     cells = expand_cells(MatrixFile.model_validate(matrix_data))
-    with pytest.raises(UnknownCellError, match="unknown cell\\(s\\): rocm. Cells in matrix.yaml: cpu, cuda, cuda-gpu"):
+    with pytest.raises(
+        UnknownCellError,
+        match=r"unknown cell\(s\): rocm\. Cells in matrix\.yaml: cpu, cuda, cuda-gpu",
+    ):
         pick_cells(cells, ["cpu", "rocm"])

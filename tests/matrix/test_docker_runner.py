@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 from unittest.mock import MagicMock
 
-import docker
 import pytest
+
+import docker
 from fallback_matrix.cell_job import Job
 from fallback_matrix.cells import expand_cells
 from fallback_matrix.errors import ImageBuildError, RunnerUnavailableError
@@ -54,7 +55,9 @@ def out_archive(files: dict[str, bytes]) -> Iterator[bytes]:
     return iter([buffer.getvalue()])
 
 
-def fake_container(exit_code: int = 0, logs: list[bytes] | None = None, logs_error: BaseException | None = None) -> MagicMock:
+def fake_container(
+    exit_code: int = 0, logs: list[bytes] | None = None, logs_error: BaseException | None = None
+) -> MagicMock:
     container = MagicMock(name="container")
     if logs_error is not None:
         container.logs.side_effect = logs_error
@@ -80,12 +83,21 @@ def test_plan_mounts_repo_and_wheelhouse_read_only(work: CellWork) -> None:
     assert not mounts["/cache"].read_only
     assert plan.name == "fallback-matrix-cpu-x1"
     assert plan.labels == {LABEL: "1", CELL_LABEL: "cpu"}
-    assert plan.command == ["python3", "/src/src/fallback_matrix/cell_job.py", "/tmp/fallback-matrix-job.json"]
+    assert plan.command == [
+        "python3",
+        "/src/src/fallback_matrix/cell_job.py",
+        "/tmp/fallback-matrix-job.json",
+    ]
 
 
 def test_plan_job_uses_container_paths(work: CellWork) -> None:
     job = Job.from_json(plan_container(work, "img").job_json)
-    assert (job.repo, job.wheelhouse, job.cache, job.artifacts) == ("/src", "/wheelhouse", "/cache", "/out")
+    assert (job.repo, job.wheelhouse, job.cache, job.artifacts) == (
+        "/src",
+        "/wheelhouse",
+        "/cache",
+        "/out",
+    )
     assert job.torch_requirement == "torch==2.13.0+cpu"
     assert job.expected_cuda is None
     assert job.test_markers == "not requires_cuda"
@@ -113,7 +125,9 @@ def test_an_existing_image_is_reused(cell_log: Any) -> None:
 def test_a_missing_image_is_built_with_its_args(cell_log: Any) -> None:
     client = MagicMock()
     client.images.get.side_effect = docker.errors.ImageNotFound("nope")
-    client.api.build.return_value = iter([{"stream": "Step 1/3\n"}, {"stream": "Successfully built\n"}])
+    client.api.build.return_value = iter(
+        [{"stream": "Step 1/3\n"}, {"stream": "Successfully built\n"}]
+    )
     plan = ImagePlan(Path("/ctx"), "Dockerfile", {"BASE_IMAGE": "b"}, "torch-fallback-build:abc")
     ensure_image(client, plan, cell_log)
     kwargs = client.api.build.call_args.kwargs
@@ -126,7 +140,10 @@ def test_an_image_build_failure_names_the_cell_and_log(cell_log: Any) -> None:
     client.images.get.side_effect = docker.errors.ImageNotFound("nope")
     client.api.build.return_value = iter([{"error": "apt-get failed"}])
     plan = ImagePlan(Path("/ctx"), "Dockerfile", {}, "torch-fallback-build:abc")
-    with pytest.raises(ImageBuildError, match=r"cell cpu: building image .* failed: apt-get failed; log: .*cell.log"):
+    with pytest.raises(
+        ImageBuildError,
+        match=r"cell cpu: building image .* failed: apt-get failed; log: .*cell.log",
+    ):
         ensure_image(client, plan, cell_log)
 
 
@@ -145,12 +162,20 @@ def test_a_passing_container_streams_logs_copies_artifacts_and_is_removed(
     assert kwargs["network_mode"] == "none"
     assert kwargs["device_requests"] is None
     assert kwargs["labels"][LABEL] == "1"
-    assert all(mount["ReadOnly"] for mount in kwargs["mounts"] if mount["Target"] in ("/src", "/wheelhouse"))
+    assert all(
+        mount["ReadOnly"]
+        for mount in kwargs["mounts"]
+        if mount["Target"] in ("/src", "/wheelhouse")
+    )
 
 
-def test_a_failing_container_returns_its_status_and_is_removed(work: CellWork, cell_log: Any) -> None:
+def test_a_failing_container_returns_its_status_and_is_removed(
+    work: CellWork, cell_log: Any
+) -> None:
     container = fake_container(exit_code=1)
-    assert execute(fake_client(container), plan_container(work, "img"), cell_log, work.artifacts) == 1
+    assert (
+        execute(fake_client(container), plan_container(work, "img"), cell_log, work.artifacts) == 1
+    )
     container.remove.assert_called_once_with(force=True)
 
 
@@ -168,9 +193,13 @@ def test_gpu_request_without_gpu_support_is_explained(work: CellWork, cell_log: 
     )
     client = fake_client(container)
     plan = plan_container(CellWork(**{**work.__dict__, "gpus": True}), "img")
-    with pytest.raises(RunnerUnavailableError, match="cell cpu: Docker cannot give the container a GPU"):
+    with pytest.raises(
+        RunnerUnavailableError, match="cell cpu: Docker cannot give the container a GPU"
+    ):
         execute(client, plan, cell_log, work.artifacts)
-    assert client.containers.create.call_args.kwargs["device_requests"][0]["Capabilities"] == [["gpu"]]
+    assert client.containers.create.call_args.kwargs["device_requests"][0]["Capabilities"] == [
+        ["gpu"]
+    ]
     container.remove.assert_called_once_with(force=True)
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from fallback_matrix.cells import expand_cells
 from fallback_matrix.errors import ImageBuildError
 from fallback_matrix.image import image_tag, plan_image
@@ -39,7 +40,9 @@ def test_a_dockerfile_change_gives_a_new_tag(context: Path) -> None:
 
 
 def test_a_build_arg_change_gives_a_new_tag(context: Path) -> None:
-    assert image_tag(context, ARGS) != image_tag(context, {"BASE_IMAGE": "python:3.12-slim-bookworm"})
+    assert image_tag(context, ARGS) != image_tag(
+        context, {"BASE_IMAGE": "python:3.12-slim-bookworm"}
+    )
 
 
 def test_a_new_context_file_gives_a_new_tag(context: Path) -> None:
@@ -59,5 +62,5 @@ def test_plan_uses_the_cell_base_as_build_arg(repo_root: Path, matrix_data: dict
 
 def test_plan_names_a_missing_dockerfile(tmp_path: Path, matrix_data: dict[str, Any]) -> None:
     cell = expand_cells(MatrixFile.model_validate(matrix_data))[0]
-    with pytest.raises(ImageBuildError, match="cell cpu: Dockerfile .* not found"):
+    with pytest.raises(ImageBuildError, match=r"cell cpu: Dockerfile .* not found"):
         plan_image(tmp_path, cell)

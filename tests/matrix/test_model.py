@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from fallback_matrix import cli
 from fallback_matrix.errors import MatrixFileError
 from fallback_matrix.loader import format_key_path, load_matrix
@@ -25,7 +26,9 @@ def test_the_repository_matrix_is_valid(repo_root: Path) -> None:
     assert loaded.root == repo_root
 
 
-def test_a_valid_matrix_loads(write_matrix: Callable[[Any], Path], matrix_data: dict[str, Any]) -> None:
+def test_a_valid_matrix_loads(
+    write_matrix: Callable[[Any], Path], matrix_data: dict[str, Any]
+) -> None:
     loaded = load_matrix(write_matrix(matrix_data))
     assert [cell.name for cell in loaded.spec.cells] == ["cpu", "cuda", "cuda-gpu"]
     assert loaded.spec.runners["gpu"] == ["self-hosted", "linux", "x64", "gpu"]
@@ -33,7 +36,11 @@ def test_a_valid_matrix_loads(write_matrix: Callable[[Any], Path], matrix_data: 
 
 @pytest.mark.parametrize(
     ("path", "text"),
-    [(("cells", 1, "torch"), "cells[1].torch"), (("defaults", "image", "base"), "defaults.image.base"), ((), "")],
+    [
+        (("cells", 1, "torch"), "cells[1].torch"),
+        (("defaults", "image", "base"), "defaults.image.base"),
+        ((), ""),
+    ],
 )
 def test_key_paths_are_written_like_code(path: tuple[str | int, ...], text: str) -> None:
     assert format_key_path(path) == text
@@ -47,14 +54,18 @@ def test_unknown_variant(write_matrix: Callable[[Any], Path], matrix_data: dict[
     assert "'cpu' or 'cuda'" in message and "'rocm'" in message
 
 
-def test_variant_without_settings(write_matrix: Callable[[Any], Path], matrix_data: dict[str, Any]) -> None:
+def test_variant_without_settings(
+    write_matrix: Callable[[Any], Path], matrix_data: dict[str, Any]
+) -> None:
     del matrix_data["variants"]["cuda"]
     message = problems_of(write_matrix(matrix_data))
     assert "cells[1].variant: unknown variant 'cuda'" in message
     assert "keys of `variants`" in message
 
 
-def test_duplicate_cell_name(write_matrix: Callable[[Any], Path], matrix_data: dict[str, Any]) -> None:
+def test_duplicate_cell_name(
+    write_matrix: Callable[[Any], Path], matrix_data: dict[str, Any]
+) -> None:
     matrix_data["cells"][2]["name"] = "cpu"
     message = problems_of(write_matrix(matrix_data))
     assert "cells[2].name: duplicate cell name 'cpu' (first used by cells[0])" in message
@@ -67,36 +78,52 @@ def test_missing_key(write_matrix: Callable[[Any], Path], matrix_data: dict[str,
     assert "torch version to pin" in message
 
 
-def test_wrong_type_says_to_quote_numbers(write_matrix: Callable[[Any], Path], matrix_data: dict[str, Any]) -> None:
+def test_wrong_type_says_to_quote_numbers(
+    write_matrix: Callable[[Any], Path], matrix_data: dict[str, Any]
+) -> None:
     matrix_data["defaults"]["python"] = 3.1
     message = problems_of(write_matrix(matrix_data))
     assert "defaults.python: expected a string, got the number 3.1: quote it" in message
 
 
-def test_wrong_type_of_a_list(write_matrix: Callable[[Any], Path], matrix_data: dict[str, Any]) -> None:
+def test_wrong_type_of_a_list(
+    write_matrix: Callable[[Any], Path], matrix_data: dict[str, Any]
+) -> None:
     matrix_data["defaults"]["tests"]["paths"] = "tests/extension"
     message = problems_of(write_matrix(matrix_data))
     assert "defaults.tests.paths" in message and "valid list" in message
 
 
-def test_unknown_key_suggests_the_near_one(write_matrix: Callable[[Any], Path], matrix_data: dict[str, Any]) -> None:
+def test_unknown_key_suggests_the_near_one(
+    write_matrix: Callable[[Any], Path], matrix_data: dict[str, Any]
+) -> None:
     matrix_data["cells"][0]["tourch"] = "2.13.0"
     message = problems_of(write_matrix(matrix_data))
     assert "cells[0].tourch: unknown key 'tourch'" in message
     assert "did you mean 'torch'?" in message
 
 
-def test_cuda_cell_needs_its_cuda_major(write_matrix: Callable[[Any], Path], matrix_data: dict[str, Any]) -> None:
+def test_cuda_cell_needs_its_cuda_major(
+    write_matrix: Callable[[Any], Path], matrix_data: dict[str, Any]
+) -> None:
     del matrix_data["cells"][1]["cuda"]
-    assert "cells[1].cuda: missing key; a cuda cell must say" in problems_of(write_matrix(matrix_data))
+    assert "cells[1].cuda: missing key; a cuda cell must say" in problems_of(
+        write_matrix(matrix_data)
+    )
 
 
-def test_cpu_cell_must_not_expect_cuda(write_matrix: Callable[[Any], Path], matrix_data: dict[str, Any]) -> None:
+def test_cpu_cell_must_not_expect_cuda(
+    write_matrix: Callable[[Any], Path], matrix_data: dict[str, Any]
+) -> None:
     matrix_data["cells"][0]["cuda"] = "12"
-    assert "cells[0].cuda: a cpu cell expects torch.version.cuda to be None" in problems_of(write_matrix(matrix_data))
+    assert "cells[0].cuda: a cpu cell expects torch.version.cuda to be None" in problems_of(
+        write_matrix(matrix_data)
+    )
 
 
-def test_gpu_cell_must_be_cuda(write_matrix: Callable[[Any], Path], matrix_data: dict[str, Any]) -> None:
+def test_gpu_cell_must_be_cuda(
+    write_matrix: Callable[[Any], Path], matrix_data: dict[str, Any]
+) -> None:
     matrix_data["cells"][0]["gpu"] = True
     assert "cells[0].gpu: gpu: true needs variant cuda" in problems_of(write_matrix(matrix_data))
 
@@ -106,9 +133,13 @@ def test_unknown_runner(write_matrix: Callable[[Any], Path], matrix_data: dict[s
     assert "cells[2].runner: unknown runner 'h100'" in problems_of(write_matrix(matrix_data))
 
 
-def test_unknown_selection(write_matrix: Callable[[Any], Path], matrix_data: dict[str, Any]) -> None:
+def test_unknown_selection(
+    write_matrix: Callable[[Any], Path], matrix_data: dict[str, Any]
+) -> None:
     matrix_data["cells"][2]["selections"] = ["nightly"]
-    assert "cells[2].selections[0]: expected 'pr' or 'main'" in problems_of(write_matrix(matrix_data))
+    assert "cells[2].selections[0]: expected 'pr' or 'main'" in problems_of(
+        write_matrix(matrix_data)
+    )
 
 
 def test_bad_cell_name(write_matrix: Callable[[Any], Path], matrix_data: dict[str, Any]) -> None:
@@ -116,16 +147,22 @@ def test_bad_cell_name(write_matrix: Callable[[Any], Path], matrix_data: dict[st
     assert "cells[0].name: expected a cell name" in problems_of(write_matrix(matrix_data))
 
 
-def test_problems_carry_line_numbers(write_matrix: Callable[[Any], Path], matrix_data: dict[str, Any]) -> None:
+def test_problems_carry_line_numbers(
+    write_matrix: Callable[[Any], Path], matrix_data: dict[str, Any]
+) -> None:
     matrix_data["cells"][1]["torch"] = 2.14
     path = write_matrix(matrix_data)
     line = next(
-        number for number, text in enumerate(path.read_text().splitlines(), start=1) if "torch: 2.14" in text
+        number
+        for number, text in enumerate(path.read_text().splitlines(), start=1)
+        if "torch: 2.14" in text
     )
     assert f"matrix.yaml:{line}: cells[1].torch" in problems_of(path)
 
 
-def test_all_problems_are_reported_at_once(write_matrix: Callable[[Any], Path], matrix_data: dict[str, Any]) -> None:
+def test_all_problems_are_reported_at_once(
+    write_matrix: Callable[[Any], Path], matrix_data: dict[str, Any]
+) -> None:
     del matrix_data["cells"][0]["torch"]
     matrix_data["cells"][1]["variant"] = "rocm"
     message = problems_of(write_matrix(matrix_data))

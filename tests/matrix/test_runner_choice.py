@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sys
 
-import docker
 import pytest
+
+import docker
 from fallback_matrix.errors import RunnerUnavailableError
 from fallback_matrix.runners import engine
 from fallback_matrix.runners.choose import decide_runner
@@ -50,7 +51,9 @@ def test_auto_picks_local_without_a_daemon() -> None:
 
 
 def test_auto_picks_docker_when_a_daemon_answers() -> None:
-    decision = decide_runner("auto", status=lambda: EngineStatus(True, "Docker engine 27.0 answers"))
+    decision = decide_runner(
+        "auto", status=lambda: EngineStatus(True, "Docker engine 27.0 answers")
+    )
     assert decision.name == "docker"
     assert "Docker engine 27.0 answers" in decision.reason
 
@@ -74,5 +77,5 @@ def test_local_runner_uses_this_python_when_versions_match() -> None:
 
 
 def test_local_runner_explains_a_missing_python() -> None:
-    with pytest.raises(RunnerUnavailableError, match="needs Python 3.99.*--runner docker"):
+    with pytest.raises(RunnerUnavailableError, match=r"needs Python 3\.99.*--runner docker"):
         find_python("3.99", which=lambda name: None)

@@ -7,22 +7,33 @@ import json
 from pathlib import Path
 
 import pytest
+from rich.console import Console
+
 from fallback_matrix import cli
 from fallback_matrix.junit import JUnitCounts, read_counts
 from fallback_matrix.summary import closing_line, collect_rows, render_markdown, render_table
-from rich.console import Console
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites name="pytest tests">
-  <testsuite name="cpu" errors="{errors}" failures="{failures}" skipped="{skipped}" tests="{tests}" time="1.2">
+  <testsuite name="cpu" errors="{errors}" failures="{failures}" skipped="{skipped}"
+             tests="{tests}" time="1.2">
     <testcase classname="tests.extension.test_x" name="test_a" time="0.1"/>
   </testsuite>
 </testsuites>
 """
 
 
-def write_cell(root: Path, name: str, *, tests: int, failures: int = 0, errors: int = 0, skipped: int = 0,
-               exit_code: int = 0, build: str = "ok") -> None:
+def write_cell(
+    root: Path,
+    name: str,
+    *,
+    tests: int,
+    failures: int = 0,
+    errors: int = 0,
+    skipped: int = 0,
+    exit_code: int = 0,
+    build: str = "ok",
+) -> None:
     cell = root / name
     cell.mkdir(parents=True)
     (cell / "junit.xml").write_text(
@@ -71,7 +82,9 @@ def test_rows_from_artifacts(artifacts: Path) -> None:
 def test_a_cell_that_never_built(tmp_path: Path) -> None:
     cell = tmp_path / "cpu"
     cell.mkdir()
-    (cell / "result.json").write_text(json.dumps({"cell": "cpu", "runner": "docker", "exit_code": 1}))
+    (cell / "result.json").write_text(
+        json.dumps({"cell": "cpu", "runner": "docker", "exit_code": 1})
+    )
     (row,) = collect_rows(tmp_path)
     assert (row.build, row.tests, row.result) == ("-", None, "FAILED")
 
@@ -97,7 +110,10 @@ def test_closing_line_adds_up_every_cell(artifacts: Path) -> None:
 
 
 def test_summary_command_writes_github_markdown(
-    artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    artifacts: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     step_summary = tmp_path / "step-summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step_summary))

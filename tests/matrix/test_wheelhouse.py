@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from conftest import output_of
+
 from fallback_matrix.errors import WheelhouseError
 from fallback_matrix.index_probe import ProbeResult
 from fallback_matrix.wheelhouse import (
@@ -24,8 +25,12 @@ INDEX = "https://download.pytorch.org/whl/cpu"
 class FakePip:
     """Records each `pip download` and drops wheels into --dest, like pip would."""
 
-    def __init__(self, torch_wheel: str = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl",
-                 fail_on: int | None = None, interrupt_on: int | None = None) -> None:
+    def __init__(
+        self,
+        torch_wheel: str = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl",
+        fail_on: int | None = None,
+        interrupt_on: int | None = None,
+    ) -> None:
         self.calls: list[list[str]] = []
         self.torch_wheel = torch_wheel
         self.fail_on = fail_on
@@ -56,11 +61,15 @@ def unreachable(url: str) -> ProbeResult:
 
 
 def fill(tmp_path: Path, cell_log: Any, pip: FakePip, probe: Any = unreachable) -> Path:
-    return ensure_wheelhouse(REQUEST, INDEX, tmp_path / "cache", cell_log, pip_download=pip, probe=probe)
+    return ensure_wheelhouse(
+        REQUEST, INDEX, tmp_path / "cache", cell_log, pip_download=pip, probe=probe
+    )
 
 
 def test_key_is_stable_and_ignores_requirement_order() -> None:
-    shuffled = WheelhouseRequest("cpu", "3.11", "torch==2.13.0+cpu", ("pytest>=8", "setuptools>=69"))
+    shuffled = WheelhouseRequest(
+        "cpu", "3.11", "torch==2.13.0+cpu", ("pytest>=8", "setuptools>=69")
+    )
     assert REQUEST.key() == shuffled.key()
     assert REQUEST.dirname() == f"cpu-{REQUEST.key()}"
 
@@ -148,12 +157,16 @@ def test_a_directory_without_manifest_is_not_trusted(tmp_path: Path, cell_log: A
 
 def test_a_torch_of_another_version_is_refused(tmp_path: Path, cell_log: Any) -> None:
     pip = FakePip(torch_wheel="torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl")
-    with pytest.raises(WheelhouseError, match="wanted version 2.13.0\\+cpu, got 2.13.0"):
+    with pytest.raises(WheelhouseError, match=r"wanted version 2\.13\.0\+cpu, got 2\.13\.0"):
         fill(tmp_path, cell_log, pip)
 
 
-def test_a_pin_without_local_version_accepts_the_build_pip_chose(tmp_path: Path, cell_log: Any) -> None:
+def test_a_pin_without_local_version_accepts_the_build_pip_chose(
+    tmp_path: Path, cell_log: Any
+) -> None:
     request = WheelhouseRequest("cuda", "3.11", "torch==2.14.1", ("pytest>=8",))
     pip = FakePip(torch_wheel="torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl")
-    path = ensure_wheelhouse(request, INDEX, tmp_path / "cache", cell_log, pip_download=pip, probe=unreachable)
+    path = ensure_wheelhouse(
+        request, INDEX, tmp_path / "cache", cell_log, pip_download=pip, probe=unreachable
+    )
     assert path.name.startswith("cuda-")

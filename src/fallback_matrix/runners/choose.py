@@ -18,7 +18,9 @@ class RunnerDecision:
     reason: str
 
 
-def decide_runner(choice: RunnerChoice, status: Callable[[], EngineStatus] = engine_status) -> RunnerDecision:
+def decide_runner(
+    choice: RunnerChoice, status: Callable[[], EngineStatus] = engine_status
+) -> RunnerDecision:
     """Which runner ``choice`` means here; "docker" raises when no daemon answers."""
     if choice == "local":
         return RunnerDecision("local", "asked for --runner local")

@@ -142,11 +142,14 @@ def ensure_image(client: DockerClient, plan: ImagePlan, log: CellLog) -> str:
                     log.line(line)
             if "error" in chunk:
                 raise ImageBuildError(
-                    f"cell {log.cell}: building image {plan.tag} failed: {str(chunk['error']).strip()}; "
+                    f"cell {log.cell}: building image {plan.tag} failed: "
+                    f"{str(chunk['error']).strip()}; "
                     f"log: {log.path}"
                 )
     except docker.errors.APIError as error:
-        raise ImageBuildError(f"cell {log.cell}: building image {plan.tag} failed: {error}; log: {log.path}") from None
+        raise ImageBuildError(
+            f"cell {log.cell}: building image {plan.tag} failed: {error}; log: {log.path}"
+        ) from None
     log.step(f"image {plan.tag}: built")
     return plan.tag
 
@@ -197,7 +200,9 @@ def _create(client: DockerClient, plan: ContainerPlan) -> Any:
         docker.types.Mount(target=m.target, source=m.source, type=m.kind, read_only=m.read_only)
         for m in plan.mounts
     ]
-    device_requests = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if plan.gpus else None
+    device_requests = (
+        [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if plan.gpus else None
+    )
     return client.containers.create(
         image=plan.image,
         command=plan.command,
@@ -225,7 +230,8 @@ def execute(client: DockerClient, plan: ContainerPlan, log: CellLog, artifacts: 
         except docker.errors.APIError as error:
             if plan.gpus and "gpu" in str(error).lower():
                 raise RunnerUnavailableError(
-                    f"cell {plan.cell}: Docker cannot give the container a GPU ({error.explanation}). "
+                    f"cell {plan.cell}: Docker cannot give the container a GPU "
+                    f"({error.explanation}). "
                     "Install the NVIDIA Container Toolkit on this machine, or run on a GPU runner"
                 ) from None
             raise
@@ -244,8 +250,10 @@ def execute(client: DockerClient, plan: ContainerPlan, log: CellLog, artifacts: 
             try:
                 container.remove(force=True)
             except docker.errors.DockerException as error:
-                log.warn(f"could not remove container {plan.name}: {error}; "
-                         "python -m fallback_matrix clean removes leftovers")
+                log.warn(
+                    f"could not remove container {plan.name}: {error}; "
+                    "python -m fallback_matrix clean removes leftovers"
+                )
 
 
 class DockerRunner:

@@ -13,7 +13,9 @@ if TYPE_CHECKING:
 PING_TIMEOUT_S = 5
 API_TIMEOUT_S = 900  # image builds can be silent for minutes
 
-NO_DAEMON_HINT = "Start the Docker daemon (sudo systemctl start docker, or sudo dockerd), or use --runner local."
+NO_DAEMON_HINT = (
+    "Start the Docker daemon (sudo systemctl start docker, or sudo dockerd), or use --runner local."
+)
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,9 @@ def connect_docker() -> DockerClient:
         client: DockerClient = docker.from_env(timeout=API_TIMEOUT_S)
     except docker.errors.DockerException as error:
         reason = str(error).splitlines()[0][:300]
-        raise RunnerUnavailableError(f"no Docker daemon answers ({reason}). {NO_DAEMON_HINT}") from None
+        raise RunnerUnavailableError(
+            f"no Docker daemon answers ({reason}). {NO_DAEMON_HINT}"
+        ) from None
     client.fallback_matrix_engine_version = version  # type: ignore[attr-defined]
     return client
 

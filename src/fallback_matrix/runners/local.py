@@ -19,7 +19,9 @@ VERSION_PROBE = "import sys; print('%d.%d' % sys.version_info[:2])"
 
 def _python_version(executable: str) -> str | None:
     try:
-        result = subprocess.run([executable, "-c", VERSION_PROBE], capture_output=True, text=True, check=False)
+        result = subprocess.run(
+            [executable, "-c", VERSION_PROBE], capture_output=True, text=True, check=False
+        )
     except OSError:
         return None
     return result.stdout.strip() if result.returncode == 0 else None
@@ -61,7 +63,10 @@ class LocalRunner:
         job_file = job_dir / "job.json"
         job_file.write_text(job.to_json(), encoding="utf-8")
         if work.gpus:
-            log.warn("--gpus has no effect with the local runner: the job sees the host's GPUs as they are")
+            log.warn(
+                "--gpus has no effect with the local runner: "
+                "the job sees the host's GPUs as they are"
+            )
         log.step(f"runner local: {python} {Path(cell_job.__file__).name} (cache {root})")
         status = run_streaming([python, cell_job.__file__, str(job_file)], log.line)
         return RunOutcome(exit_code=status, where=f"local Python {python}")

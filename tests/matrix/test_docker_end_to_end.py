@@ -1,0 +1,128 @@
+"""End to end on a real Docker engine: the build image, the read-only repository, failures.
+
+Skipped (with the reason) when no daemon answers. The image is the one the
+matrix uses, so a later `nox -s build-<cell>` reuses it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fallback_matrix.cells import Cell
+from fallback_matrix.console import CellLog, Reporter
+from fallback_matrix.image import plan_image
+from fallback_matrix.loader import load_matrix
+from fallback_matrix.pipeline import run_cell
+from fallback_matrix.runners.base import CellWork, RunnerName, RunOutcome
+from fallback_matrix.runners.docker_runner import LABEL, ensure_image, execute, plan_container
+from fallback_matrix.runners.engine import engine_status
+from fallback_matrix.wheelhouse import MANIFEST_NAME, WheelhouseRequest, wheelhouse_path
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[Any]:
+    status = engine_status()
+    if not status.available:
+        pytest.skip(f"no Docker daemon: {status.detail}")
+    from fallback_matrix.runners.engine import connect_docker
+
+    client = connect_docker()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def volume(client: Any) -> Iterator[str]:
+    name = f"fallback-matrix-test-{uuid.uuid4().hex[:8]}"
+    yield name
+    for found in client.volumes.list(filters={"name": name}):
+        found.remove(force=True)
+
+
+class CommandRunner:
+    """The Docker runner with the job replaced by a shell command."""
+
+    name: RunnerName = "docker"
+
+    def __init__(self, client: Any, volume: str, script: str) -> None:
+        self.client, self.volume, self.script = client, volume, script
+
+    def run(self, work: CellWork, log: CellLog) -> RunOutcome:
+        image = ensure_image(self.client, plan_image(work.repo, work.cell), log)
+        plan = plan_container(work, image, volume=self.volume)
+        plan = dataclasses.replace(plan, command=["sh", "-c", self.script])
+        return RunOutcome(execute(self.client, plan, log, work.artifacts), f"image {image}")
+
+
+def fake_complete_wheelhouse(cache: Path, cell: Cell, repo: Path) -> None:
+    from fallback_matrix.project import dependency_groups
+
+    request = WheelhouseRequest.for_cell(cell, dependency_groups(repo / "pyproject.toml"))
+    path = wheelhouse_path(cache, request)
+    path.mkdir(parents=True)
+    path.chmod(0o755)
+    (path / MANIFEST_NAME).write_text(json.dumps({"test": True}))
+
+
+def run_script(repo_root: Path, tmp_path: Path, client: Any, volume: str, script: str) -> Any:
+    matrix = load_matrix(repo_root / "matrix.yaml")
+    cell = next(cell for cell in matrix.spec.cells if cell.name == matrix.spec.project_tests.cell)
+    from fallback_matrix.cells import expand_cells
+
+    (expanded,) = [c for c in expand_cells(matrix.spec) if c.name == cell.name]
+    cache = tmp_path / "cache"
+    fake_complete_wheelhouse(cache, expanded, repo_root)
+    reporter = Reporter()
+    return run_cell(
+        matrix,
+        expanded,
+        CommandRunner(client, volume, script),
+        cache_root=cache,
+        artifacts_root=tmp_path / "artifacts",
+        gpus=False,
+        reporter=reporter,
+    )
+
+
+def test_the_image_runs_a_job_with_the_repository_read_only(
+    repo_root: Path, tmp_path: Path, client: Any, volume: str
+) -> None:
+    script = (
+        "set -e; id -u; test -r /src/pyproject.toml; ! touch /src/write-probe 2>/dev/null; "
+        "touch /cache/write-probe; command -v g++ ccache; test -e /usr/lib/ccache/c++; "
+        "python3 -c 'import sys; print(sys.version)'; echo wheel > /out/probe.txt"
+    )
+    result = run_script(repo_root, tmp_path, client, volume, script)
+    log = result.log.read_text()
+    assert result.exit_code == 0, log
+    assert "\n1000\n" in log  # not root
+    assert (tmp_path / "artifacts" / "cpu" / "probe.txt").read_text() == "wheel\n"
+    assert_container_removed(client, log)
+
+
+def test_a_failing_job_gives_a_nonzero_status_naming_the_cell(
+    repo_root: Path, tmp_path: Path, client: Any, volume: str
+) -> None:
+    result = run_script(repo_root, tmp_path, client, volume, "echo about to fail; exit 3")
+    assert result.exit_code == 3
+    assert result.error is not None
+    assert "cell cpu failed" in result.error
+    assert str(tmp_path / "artifacts" / "cpu" / "cell.log") in result.error
+    assert "about to fail" in result.log.read_text()
+    assert_container_removed(client, result.log.read_text())
+
+
+def assert_container_removed(client: Any, log: str) -> None:
+    match = re.search(r"container (fallback-matrix-cpu-[0-9a-f]+) ", log)
+    assert match, log
+    assert client.containers.list(all=True, filters={"label": LABEL, "name": match.group(1)}) == []
