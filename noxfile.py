@@ -69,6 +69,12 @@ def reproduce(session: nox.Session) -> None:
         session.error(f"reproducing {session.posargs[0]} failed (exit status {status})")
 
 
+@nox.session(python=False)
+def summary(session: nox.Session) -> None:
+    """Table of the last results under artifacts/ (and markdown in $GITHUB_STEP_SUMMARY)."""
+    _call(session, "summary")
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff check, ruff format --check, and hadolint on the Dockerfiles."""
