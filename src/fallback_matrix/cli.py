@@ -257,7 +257,7 @@ def cmd_project_tests(args: argparse.Namespace, reporter: Reporter) -> int:
 
 
 def cmd_clean(args: argparse.Namespace, reporter: Reporter) -> int:
-    from .runners.docker_runner import CACHE_VOLUME, leftover_containers
+    from .runners.docker_runner import CACHE_VOLUME, LABEL, leftover_containers
     from .runners.engine import engine_status
 
     matrix = _matrix(args)
@@ -276,6 +276,9 @@ def cmd_clean(args: argparse.Namespace, reporter: Reporter) -> int:
             for volume in client.volumes.list(filters={"name": CACHE_VOLUME}):
                 volume.remove(force=True)
                 reporter.note(f"removed volume {volume.name}")
+            for image in client.images.list(filters={"label": f"{LABEL}=image"}):
+                client.images.remove(image.id, force=True)
+                reporter.note(f"removed image {', '.join(image.tags) or image.short_id}")
     if args.caches and cache.exists():
         shutil.rmtree(cache)
         reporter.note(f"removed {cache}")
@@ -358,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
         "clean", help="remove leftover containers and interrupted wheelhouse fills"
     )
     clean.add_argument(
-        "--caches", action="store_true", help="also remove every cache (volume, wheelhouses)"
+        "--caches", action="store_true", help="also remove the caches: images, volume, wheelhouses"
     )
     clean.set_defaults(handler=cmd_clean)
     return parser
