@@ -116,7 +116,3 @@ def cell_log(reporter: Any, tmp_path: Path) -> Any:
 
     with CellLog(reporter, "cpu", tmp_path / "artifacts" / "cpu" / "cell.log") as log:
         yield log
-
-
-def output_of(reporter: Any) -> str:
-    return str(reporter.console.file.getvalue())

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import output_of
 
 from fallback_matrix.errors import WheelhouseError
 from fallback_matrix.index_probe import ProbeResult
@@ -50,6 +49,11 @@ class FakePip:
         else:
             (dest / "pytest-9.0.0-py3-none-any.whl").write_bytes(b"wheel")
         return 0
+
+
+def output_of(reporter: Any) -> str:
+    """What the user saw on the terminal."""
+    return str(reporter.console.file.getvalue())
 
 
 def reachable(url: str) -> ProbeResult:
