@@ -149,11 +149,12 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 
   // Ops whose composite implementations a third-party backend would otherwise
   // take: convolution's calls convolution_overrideable, which relay cannot
-  // serve; the norms' compute differently from the CPU and CUDA kernels. Sent
-  // to the fallback, they run those kernels.
+  // serve; the norms' compute differently from the CPU and CUDA kernels;
+  // _euclidean_dist (cdist's) would cost one fallback call per op it is made
+  // of. Sent to the fallback whole, they run as on the target device.
   for (const char* name : {"convolution", "convolution_backward", "native_layer_norm",
                            "native_layer_norm_backward", "native_group_norm",
-                           "native_group_norm_backward"}) {
+                           "native_group_norm_backward", "_euclidean_dist"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&relay_fallback>());
   }
 }
