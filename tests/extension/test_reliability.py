@@ -1,0 +1,73 @@
+"""Threads, version mismatch at import: the fallback under conditions users create."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+import torch_fallback
+
+THREADS = 8
+ROUNDS = 25
+
+
+def test_eight_threads_get_eager_results_and_exact_metrics():
+    torch.manual_seed(0)
+    inputs = [torch.randn(64, 32) for _ in range(THREADS)]
+    expected = [(torch.nonzero(x > 0), torch.sort(x, dim=1).values, x.cumsum(0)) for x in inputs]
+    failures: list[str] = []
+    start = threading.Barrier(THREADS)
+
+    def worker(index: int) -> None:
+        x = inputs[index].to("relay")
+        start.wait()
+        for round_ in range(ROUNDS):
+            got = (torch.nonzero(x > 0), torch.sort(x, dim=1).values, x.cumsum(0))
+            for g, e in zip(got, expected[index]):
+                if not torch.equal(g.cpu(), e):
+                    failures.append(f"thread {index} round {round_}: result differs from eager")
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures[:5]
+    metrics = torch_fallback.metrics()
+    for op in ("aten::nonzero", "aten::sort.values_stable", "aten::cumsum.out"):
+        assert metrics[op].calls == THREADS * ROUNDS, (op, metrics[op])
+
+
+def test_extension_built_for_another_torch_raises_a_clear_import_error(tmp_path):
+    installed = Path(torch_fallback.__file__).parent
+    copy = tmp_path / "torch_fallback"
+    shutil.copytree(installed, copy, ignore=shutil.ignore_patterns("csrc", "__pycache__"))
+    (copy / "_build_info.json").write_text(json.dumps({"torch_version": "2.99.1+cpu", "cuda_version": None}))
+    completed = subprocess.run(
+        [sys.executable, "-c", "import torch_fallback"],
+        capture_output=True, text=True, cwd=tmp_path, env={"PYTHONPATH": str(tmp_path), "PATH": ""},
+    )
+    assert completed.returncode != 0
+    last_line = completed.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("ImportError: torch_fallback's extension was built against torch 2.99.1+cpu")
+    assert str(torch.__version__) in last_line
+    assert "pip install --no-build-isolation" in last_line
+    assert "undefined symbol" not in completed.stderr
+
+
+@pytest.mark.parametrize("variable", ["TORCH_FALLBACK_TARGET", "TORCH_FALLBACK_RELAY_HOME"])
+def test_bad_environment_fails_the_import_clearly(tmp_path, variable):
+    completed = subprocess.run(
+        [sys.executable, "-c", "import torch_fallback"],
+        capture_output=True, text=True, cwd=tmp_path,
+        env={**__import__("os").environ, variable: "gpu"},
+    )
+    assert completed.returncode != 0
+    assert completed.stderr.strip().splitlines()[-1].startswith("ValueError: torch_fallback: unknown")
