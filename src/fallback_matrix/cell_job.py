@@ -69,6 +69,7 @@ class Job:
     cache: str
     work: str
     artifacts: str
+    prebuilt_wheel: str | None = None  # set: install and test this wheel, build nothing
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2)
@@ -505,11 +506,15 @@ def execute(job: Job) -> int:
             venv = create_run_venv(layout, base, env, report)
         with report.step("verify torch"):
             status["torch"] = verify_torch(layout, venv, env, report)
-        with report.step("sources"):
-            sync_sources(layout, report)
-        with report.step("build"):
-            build = build_env(layout, base, env, report)
-            wheel = build_wheel(layout, build)
+        if job.prebuilt_wheel:
+            wheel = Path(job.prebuilt_wheel)
+            report.say(f"testing the prebuilt wheel {wheel}: steps sources and build skipped")
+        else:
+            with report.step("sources"):
+                sync_sources(layout, report)
+            with report.step("build"):
+                build = build_env(layout, base, env, report)
+                wheel = build_wheel(layout, build)
         with report.step("install"):
             install_wheel(layout, wheel, env, report)
         with report.step("tests"):

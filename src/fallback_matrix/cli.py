@@ -256,6 +256,51 @@ def cmd_project_tests(args: argparse.Namespace, reporter: Reporter) -> int:
     return status
 
 
+def cmd_test_wheel(args: argparse.Namespace, reporter: Reporter) -> int:
+    from .pipeline import run_cell
+    from .wheel_tests import find_wheel, renamed, stage_wheel
+
+    matrix = _matrix(args)
+    (cell,) = pick_cells(_cells(args, matrix), [args.cell])
+    cell = renamed(cell, args.name or cell.name)
+    wheel = stage_wheel(matrix.root, find_wheel(Path(args.wheel)), cell.name)
+    reporter.rule(f"testing {wheel.name} in cell {args.cell} (results: {cell.name})")
+    decision = decide_runner(args.runner)
+    reporter.note(f"runner {decision.name} ({decision.reason})")
+    result = run_cell(
+        matrix,
+        cell,
+        make_runner(decision),
+        cache_root=cache_root(matrix.root),
+        artifacts_root=_artifacts(args, matrix),
+        gpus=args.gpus,
+        reporter=reporter,
+        prebuilt_wheel=wheel,
+    )
+    _publish(reporter, _artifacts(args, matrix), [cell.name], title="wheel tests")
+    return _report_failures(reporter, [result])
+
+
+def cmd_workflows(args: argparse.Namespace, reporter: Reporter) -> int:
+    from .workflows import WORKFLOWS_DIR, check_workflows, plan_workflows, write_workflows
+
+    matrix = _matrix(args)
+    planned = plan_workflows(matrix)
+    if args.check:
+        drift = check_workflows(matrix.root, planned)
+        if drift:
+            reporter.error(drift.describe())
+            return EXIT_FAILED
+        reporter.note(f"{WORKFLOWS_DIR}: {len(planned)} workflow(s) up to date with matrix.yaml")
+        return EXIT_OK
+    changed = write_workflows(matrix.root, planned)
+    for path in changed:
+        reporter.note(f"wrote {path.relative_to(matrix.root)}")
+    if not changed:
+        reporter.note(f"{WORKFLOWS_DIR}: already up to date with matrix.yaml")
+    return EXIT_OK
+
+
 def cmd_clean(args: argparse.Namespace, reporter: Reporter) -> int:
     from .runners.docker_runner import CACHE_VOLUME, LABEL, leftover_containers
     from .runners.engine import engine_status
@@ -356,6 +401,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_run_options(tests, default_runner="local")
     tests.set_defaults(handler=cmd_project_tests)
+
+    test_wheel = commands.add_parser(
+        "test-wheel", help="test a wheel built elsewhere in a cell's environment (GPU, cross jobs)"
+    )
+    test_wheel.add_argument("cell", metavar="CELL", help="the cell whose torch and tests to use")
+    test_wheel.add_argument(
+        "--wheel",
+        required=True,
+        metavar="PATH",
+        help="the wheel, or a directory holding one (e.g. artifacts/cuda)",
+    )
+    test_wheel.add_argument(
+        "--as",
+        dest="name",
+        metavar="NAME",
+        help="name of the results (artifacts/NAME/; default: the cell)",
+    )
+    _add_run_options(test_wheel, default_runner="docker")
+    test_wheel.set_defaults(handler=cmd_test_wheel)
+
+    workflows = commands.add_parser("workflows", help="generate .github/workflows from matrix.yaml")
+    workflows.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 when the committed workflows differ from matrix.yaml",
+    )
+    workflows.set_defaults(handler=cmd_workflows)
 
     clean = commands.add_parser(
         "clean", help="remove leftover containers and interrupted wheelhouse fills"

@@ -50,6 +50,7 @@ def run_cell(
     artifacts_root: Path,
     gpus: bool,
     reporter: Reporter,
+    prebuilt_wheel: Path | None = None,
 ) -> CellResult:
     """Run one cell; failures end up in the result (and its log), never as an exception."""
     artifacts = _fresh_dir(artifacts_root / cell.name)
@@ -76,6 +77,7 @@ def run_cell(
                 artifacts=artifacts,
                 cache_root=cache_root,
                 gpus=gpus,
+                prebuilt_wheel=prebuilt_wheel,
             )
             outcome = runner.run(work, log)
             exit_code, where = outcome.exit_code, outcome.where

@@ -26,6 +26,7 @@ class CellWork:
     artifacts: Path
     cache_root: Path
     gpus: bool
+    prebuilt_wheel: Path | None = None  # a wheel under ``repo`` to test instead of building
 
     def job(self, *, repo: str, wheelhouse: str, cache: str, work: str, artifacts: str) -> Job:
         tests = self.cell.tests
@@ -44,6 +45,11 @@ class CellWork:
             cache=cache,
             work=work,
             artifacts=artifacts,
+            prebuilt_wheel=(
+                f"{repo}/{self.prebuilt_wheel.relative_to(self.repo).as_posix()}"
+                if self.prebuilt_wheel
+                else None
+            ),
         )
 
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .base import Runner, RunnerChoice, RunnerName
-from .docker_runner import DockerRunner
+from .docker_runner import CACHE_VOLUME, DOCKER_CACHE_ENV, DockerRunner
 from .engine import EngineStatus, connect_docker, engine_status
 from .local import LocalRunner
 
@@ -35,5 +35,6 @@ def decide_runner(
 
 def make_runner(decision: RunnerDecision) -> Runner:
     if decision.name == "docker":
-        return DockerRunner(environ=dict(os.environ))
+        volume = os.environ.get(DOCKER_CACHE_ENV) or CACHE_VOLUME
+        return DockerRunner(environ=dict(os.environ), volume=volume)
     return LocalRunner()

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 LABEL = "org.torch-fallback.matrix"
 CELL_LABEL = "org.torch-fallback.matrix.cell"
 CACHE_VOLUME = "torch-fallback-matrix-cache"
+# An absolute host directory to keep the caches in instead of the volume (CI caches it).
+DOCKER_CACHE_ENV = "FALLBACK_MATRIX_DOCKER_CACHE"
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,9 @@ def plan_container(
         mounts=[
             BindMount(str(work.repo), PATHS.repo, read_only=True, kind="bind"),
             BindMount(str(work.wheelhouse), PATHS.wheelhouse, read_only=True, kind="bind"),
-            BindMount(volume, PATHS.cache, read_only=False, kind="volume"),
+            BindMount(
+                volume, PATHS.cache, read_only=False, kind="bind" if volume[:1] == "/" else "volume"
+            ),
         ],
         environment=environment,
         labels={LABEL: "1", CELL_LABEL: work.cell.name},
@@ -279,6 +283,8 @@ class DockerRunner:
 
     def run(self, work: CellWork, log: CellLog) -> RunOutcome:
         client = self.client()
+        if self.volume[:1] == "/":
+            Path(self.volume).mkdir(parents=True, exist_ok=True)
         image = ensure_image(client, plan_image(work.repo, work.cell), log)
         plan = plan_container(work, image, volume=self.volume, environ=self.environ)
         status = execute(client, plan, log, work.artifacts)

@@ -1,0 +1,273 @@
+"""The GitHub workflows generated from matrix.yaml: drift, policies, GPU and cross jobs."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fallback_matrix import cli, load_matrix
+from fallback_matrix.workflows import (
+    ACTIONS,
+    REGENERATE_COMMAND,
+    WORKFLOW_KINDS,
+    WORKFLOWS_DIR,
+    check_workflows,
+    plan_workflows,
+    write_workflows,
+)
+
+REQUIREMENTS = ("setuptools>=69", "pytest>=8")
+SHA = re.compile(r"^[\w.-]+/[\w.-]+@[0-9a-f]{40}$")
+SETUP_COMMANDS = {"python -m pip install nox"}
+
+
+def _workflows(text_by_name: dict[str, str]) -> dict[str, dict[str, Any]]:
+    return {name: yaml.safe_load(text) for name, text in text_by_name.items()}
+
+
+def _steps(workflow: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for job_id, job in workflow["jobs"].items():
+        for step in job["steps"]:
+            yield job_id, step
+
+
+@pytest.fixture
+def planned(write_matrix: Callable[[Any], Path], matrix_data: dict[str, Any]) -> Any:
+    """Workflows of a matrix given as data, in a tmp dir: name -> parsed workflow."""
+
+    def plan(data: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+        matrix = load_matrix(write_matrix(data or matrix_data))
+        return _workflows(plan_workflows(matrix, REQUIREMENTS))
+
+    return plan
+
+
+@pytest.fixture
+def committed(repo_root: Path) -> dict[str, dict[str, Any]]:
+    """The workflows committed in the repository, parsed."""
+    directory = repo_root / WORKFLOWS_DIR
+    files = {path.name: path.read_text(encoding="utf-8") for path in directory.glob("*.yml")}
+    assert files, f"no workflows in {directory}; run `{REGENERATE_COMMAND}`"
+    return _workflows(files)
+
+
+# --- drift ---------------------------------------------------------------------------------------
+
+
+def test_committed_workflows_match_the_matrix(repo_root: Path) -> None:
+    matrix = load_matrix(repo_root / "matrix.yaml")
+    drift = check_workflows(repo_root, plan_workflows(matrix))
+    assert not drift, drift.describe()
+
+
+def test_a_changed_matrix_makes_the_drift_check_fail(
+    tmp_path: Path, repo_root: Path, matrix_data: dict[str, Any], write_matrix: Any
+) -> None:
+    shutil.copy(repo_root / "pyproject.toml", tmp_path / "pyproject.toml")
+    matrix = load_matrix(write_matrix(matrix_data))
+    write_workflows(tmp_path, plan_workflows(matrix))
+    assert not check_workflows(tmp_path, plan_workflows(matrix))
+    assert cli.main(["--matrix", str(matrix.file), "workflows", "--check"]) == 0
+
+    matrix_data["cells"][0]["torch"] = "2.13.1+cpu"
+    changed = load_matrix(write_matrix(matrix_data))
+    drift = check_workflows(tmp_path, plan_workflows(changed))
+    assert drift.changed == tuple(kind.file_name for kind in WORKFLOW_KINDS)
+    assert REGENERATE_COMMAND in drift.describe()
+    assert cli.main(["--matrix", str(changed.file), "workflows", "--check"]) == 1
+
+    assert cli.main(["--matrix", str(changed.file), "workflows"]) == 0
+    assert not check_workflows(tmp_path, plan_workflows(changed))
+
+
+def test_generation_is_deterministic(write_matrix: Any, matrix_data: dict[str, Any]) -> None:
+    matrix = load_matrix(write_matrix(matrix_data))
+    assert plan_workflows(matrix, REQUIREMENTS) == plan_workflows(matrix, REQUIREMENTS)
+
+
+def test_stale_generated_files_count_as_drift(
+    tmp_path: Path, write_matrix: Any, matrix_data: dict[str, Any]
+) -> None:
+    planned = plan_workflows(load_matrix(write_matrix(matrix_data)), REQUIREMENTS)
+    write_workflows(tmp_path, planned)
+    old = tmp_path / WORKFLOWS_DIR / "matrix-old.yml"
+    old.write_text(next(iter(planned.values())), encoding="utf-8")
+    hand_written = tmp_path / WORKFLOWS_DIR / "release.yml"
+    hand_written.write_text("name: release\n", encoding="utf-8")
+    assert check_workflows(tmp_path, planned).stale == ("matrix-old.yml",)
+    write_workflows(tmp_path, planned)
+    assert not old.exists() and hand_written.exists()
+
+
+# --- policies, on the committed files and on a generated matrix with every kind of job ------------
+
+
+def _cross_matrix(matrix_data: dict[str, Any]) -> dict[str, Any]:
+    """The test matrix plus a CPU cell with the CUDA cells' torch version."""
+    matrix_data["cells"].append(
+        {"name": "cpu-same", "variant": "cpu", "python": "3.11", "torch": "2.14.1+cpu"}
+    )
+    return matrix_data
+
+
+@pytest.fixture(params=["committed", "generated"])
+def every_workflow(
+    request: pytest.FixtureRequest, planned: Any, matrix_data: dict[str, Any]
+) -> dict[str, dict[str, Any]]:
+    if request.param == "committed":
+        return request.getfixturevalue("committed")
+    return planned(_cross_matrix(matrix_data))
+
+
+def test_every_run_step_is_a_nox_session_or_fallback_matrix(
+    every_workflow: dict[str, dict[str, Any]],
+) -> None:
+    for name, workflow in every_workflow.items():
+        for job_id, step in _steps(workflow):
+            if "run" not in step:
+                continue
+            command = step["run"].strip()
+            assert "\n" not in command, f"{name} {job_id}: one command per run step"
+            allowed = (
+                command in SETUP_COMMANDS
+                or re.fullmatch(r"nox -s [\w-]+( -- .*)?", command)
+                or command.startswith("python -m fallback_matrix ")
+            )
+            assert allowed, (
+                f"{name} job {job_id}: run step {command!r} is neither a nox session nor "
+                "python -m fallback_matrix; CI must run what a laptop runs"
+            )
+
+
+def test_every_action_is_pinned_by_a_full_sha_with_its_version(
+    every_workflow: dict[str, dict[str, Any]], repo_root: Path
+) -> None:
+    known = {action.ref for action in ACTIONS.values()}
+    for name, workflow in every_workflow.items():
+        for job_id, step in _steps(workflow):
+            if "uses" in step:
+                assert SHA.match(step["uses"]), f"{name} {job_id}: {step['uses']} is not pinned"
+                assert step["uses"] in known
+    for path in (repo_root / WORKFLOWS_DIR).glob("*.yml"):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if "uses:" in line:
+                assert re.search(r"@[0-9a-f]{40} # v\d+\.\d+\.\d+$", line), line
+
+
+def test_least_privilege_and_concurrency(every_workflow: dict[str, dict[str, Any]]) -> None:
+    for workflow in every_workflow.values():
+        assert workflow["permissions"] == {"contents": "read"}
+        assert workflow["concurrency"]["cancel-in-progress"] is True
+        for job_id, step in _steps(workflow):
+            if step.get("uses", "").startswith("actions/checkout@"):
+                assert step["with"]["persist-credentials"] is False, job_id
+            assert "${{" not in step.get("run", ""), f"{job_id}: expression in a run step"
+
+
+def test_selections_pick_the_trigger_and_the_cells(committed: dict[str, dict[str, Any]]) -> None:
+    pr, main = committed["matrix-pr.yml"], committed["matrix-main.yml"]
+    # PyYAML reads the key `on` as True (YAML 1.1); GitHub reads it as "on".
+    assert "pull_request" in pr.get("on", pr.get(True))
+    assert "push" in main.get("on", main.get(True))
+    assert "gpu-cuda-gpu" not in pr["jobs"]
+    assert {"build-cpu", "build-cuda", "gpu-cuda-gpu", "summary"} <= set(main["jobs"])
+
+
+def test_build_jobs_run_the_laptop_session_and_upload_the_cell(
+    planned: Any, matrix_data: dict[str, Any]
+) -> None:
+    job = planned()["matrix-main.yml"]["jobs"]["build-cpu"]
+    assert job["runs-on"] == ["ubuntu-24.04"]
+    runs = [step["run"] for step in job["steps"] if "run" in step]
+    assert "nox -s build-cpu -- --runner docker" in runs
+    upload = next(
+        s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact@")
+    )
+    assert upload["with"]["path"] == "artifacts/cpu/" and upload["if"] == "always()"
+    caches = [s for s in job["steps"] if s.get("uses", "").startswith("actions/cache@")]
+    keys = [cache["with"]["key"] for cache in caches]
+    assert len(caches) == 2 and all("cpu" in key for key in keys)
+
+
+def test_cache_keys_change_with_what_the_cell_installs(
+    write_matrix: Any, matrix_data: dict[str, Any]
+) -> None:
+    def keys(requirements: tuple[str, ...]) -> list[str]:
+        matrix = load_matrix(write_matrix(matrix_data))
+        job = _workflows(plan_workflows(matrix, requirements))["matrix-pr.yml"]["jobs"]
+        return [s["with"]["key"] for s in job["build-cpu"]["steps"] if "key" in s.get("with", {})]
+
+    assert keys(REQUIREMENTS) != keys((*REQUIREMENTS, "numpy"))
+
+
+def test_gpu_job_takes_labels_from_the_matrix_and_requires_a_gpu(
+    planned: Any, matrix_data: dict[str, Any]
+) -> None:
+    matrix_data["runners"]["gpu"] = ["self-hosted", "linux", "x64", "h200"]
+    job = planned(matrix_data)["matrix-main.yml"]["jobs"]["gpu-cuda-gpu"]
+    assert job["runs-on"] == ["self-hosted", "linux", "x64", "h200"]
+    assert job["env"]["TORCH_FALLBACK_REQUIRE_GPU"] == "1"
+    assert job["needs"] == ["build-cuda"]
+    download = next(s for s in job["steps"] if "download-artifact" in s.get("uses", ""))
+    assert download["with"] == {"name": "cuda", "path": "artifacts/cuda"}
+    (command,) = [s["run"] for s in job["steps"] if s.get("run", "").startswith("nox -s test")]
+    assert command.startswith("nox -s test-wheel -- cuda-gpu --wheel artifacts/cuda")
+    assert "--gpus" in command.split()
+
+
+def test_gpu_cell_without_a_build_cell_is_an_error(
+    write_matrix: Any, matrix_data: dict[str, Any]
+) -> None:
+    from fallback_matrix.errors import MatrixError
+
+    matrix_data["cells"][2]["torch"] = "2.14.0"
+    with pytest.raises(MatrixError, match=r"cuda-gpu.*no build cell"):
+        plan_workflows(load_matrix(write_matrix(matrix_data)), REQUIREMENTS)
+
+
+def test_no_cross_job_when_the_versions_differ(
+    planned: Any, committed: dict[str, dict[str, Any]]
+) -> None:
+    for workflows in (planned(), committed):
+        for workflow in workflows.values():
+            assert not [job for job in workflow["jobs"] if job.startswith("cross-")]
+
+
+def test_cross_job_for_a_cpu_and_cuda_cell_of_the_same_torch(
+    planned: Any, matrix_data: dict[str, Any]
+) -> None:
+    workflows = planned(_cross_matrix(matrix_data))
+    for workflow in workflows.values():
+        crosses = {job_id: job for job_id, job in workflow["jobs"].items() if "cross" in job_id}
+        assert list(crosses) == ["cross-cpu-same-on-cuda"]
+        job = crosses["cross-cpu-same-on-cuda"]
+        assert job["needs"] == ["build-cpu-same"]
+        runs = [s["run"] for s in job["steps"] if "run" in s]
+        assert (
+            "nox -s test-wheel -- cuda --wheel artifacts/cpu-same --as cross-cpu-same-on-cuda "
+            "--runner docker"
+        ) in runs
+        assert "cross-cpu-same-on-cuda" in workflow["jobs"]["summary"]["needs"]
+
+
+def test_cross_job_needs_the_same_python(planned: Any, matrix_data: dict[str, Any]) -> None:
+    data = _cross_matrix(matrix_data)
+    data["cells"][-1]["python"] = "3.12"
+    for workflow in planned(data).values():
+        assert not [job for job in workflow["jobs"] if job.startswith("cross-")]
+
+
+def test_summary_job_runs_after_everything_and_renders_the_table(
+    committed: dict[str, dict[str, Any]],
+) -> None:
+    for workflow in committed.values():
+        summary = workflow["jobs"]["summary"]
+        assert summary["if"] == "always()"
+        assert set(summary["needs"]) == set(workflow["jobs"]) - {"summary"}
+        assert [s["run"] for s in summary["steps"] if "run" in s][-1] == "nox -s summary"
