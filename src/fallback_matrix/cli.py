@@ -282,7 +282,7 @@ def cmd_test_wheel(args: argparse.Namespace, reporter: Reporter) -> int:
 
 
 def cmd_workflows(args: argparse.Namespace, reporter: Reporter) -> int:
-    from .workflows import WORKFLOWS_DIR, check_workflows, plan_workflows, write_workflows
+    from .workflows import check_workflows, plan_workflows, write_workflows
 
     matrix = _matrix(args)
     planned = plan_workflows(matrix)
@@ -291,13 +291,13 @@ def cmd_workflows(args: argparse.Namespace, reporter: Reporter) -> int:
         if drift:
             reporter.error(drift.describe())
             return EXIT_FAILED
-        reporter.note(f"{WORKFLOWS_DIR}: {len(planned)} workflow(s) up to date with matrix.yaml")
+        reporter.note(f"{len(planned)} generated file(s) up to date with matrix.yaml")
         return EXIT_OK
     changed = write_workflows(matrix.root, planned)
     for path in changed:
         reporter.note(f"wrote {path.relative_to(matrix.root)}")
     if not changed:
-        reporter.note(f"{WORKFLOWS_DIR}: already up to date with matrix.yaml")
+        reporter.note("generated files already up to date with matrix.yaml")
     return EXIT_OK
 
 

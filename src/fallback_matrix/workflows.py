@@ -364,8 +364,26 @@ def _with_version_comments(text: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+SELF_HOSTED_JUSTIFICATION = (
+    "  # zizmor: ignore[self-hosted-runner] GPU tests need a GPU runner; this workflow runs"
+    " only for pushes to main, never for pull requests"
+)
+_RUNS_ON = re.compile(r"^(?P<key> +runs-on:)\n(?P<labels>(?: +- .*\n)+)", re.MULTILINE)
+
+
+def _justify_self_hosted(text: str) -> str:
+    def annotate(match: re.Match[str]) -> str:
+        if "- self-hosted\n" not in match["labels"]:
+            return match[0]
+        return f"{match['key']}{SELF_HOSTED_JUSTIFICATION}\n{match['labels']}"
+
+    return _RUNS_ON.sub(annotate, text)
+
+
 def render(data: Mapping[str, Any]) -> str:
     body = yaml.safe_dump(dict(data), sort_keys=False, width=200, default_flow_style=False)
+    if "pull_request" not in data["on"] and "pull_request_target" not in data["on"]:
+        body = _justify_self_hosted(body)
     header = (
         f"{GENERATED_MARKER}\n# Do not edit: change matrix.yaml, then run `{REGENERATE_COMMAND}`.\n"
     )
@@ -377,18 +395,43 @@ def cell_requirements(matrix: LoadedMatrix) -> tuple[str, ...]:
     return dependency_groups(matrix.root / "pyproject.toml")
 
 
+ACTIONLINT_CONFIG = Path(".github") / "actionlint.yaml"
+# Labels every runner has; actionlint knows them (and GitHub's hosted runner names) already.
+STANDARD_LABELS = frozenset({"self-hosted", "linux", "windows", "macos", "x64", "arm", "arm64"})
+
+
+def actionlint_config(matrix: LoadedMatrix) -> str:
+    """actionlint's configuration: the custom labels of the self-hosted runners in matrix.yaml."""
+    labels = sorted(
+        {
+            label
+            for labels in matrix.spec.runners.values()
+            if "self-hosted" in labels
+            for label in labels
+            if label not in STANDARD_LABELS
+        }
+    )
+    body = yaml.safe_dump({"self-hosted-runner": {"labels": labels}}, sort_keys=False)
+    return f"{GENERATED_MARKER}\n# The custom labels of matrix.yaml's self-hosted runners.\n{body}"
+
+
 def plan_workflows(
     matrix: LoadedMatrix, requirements: Sequence[str] | None = None
 ) -> dict[str, str]:
-    """File name -> text of every generated workflow."""
+    """Path from the repository root -> text, of every generated file."""
     if requirements is None:
         requirements = cell_requirements(matrix)
-    return {kind.file_name: render(workflow(matrix, kind, requirements)) for kind in WORKFLOW_KINDS}
+    planned = {
+        (WORKFLOWS_DIR / kind.file_name).as_posix(): render(workflow(matrix, kind, requirements))
+        for kind in WORKFLOW_KINDS
+    }
+    planned[ACTIONLINT_CONFIG.as_posix()] = actionlint_config(matrix)
+    return planned
 
 
 @dataclass(frozen=True)
 class Drift:
-    """Files under .github/workflows that differ from the generator's output."""
+    """Generated files that differ from the generator's output, are missing, or are stale."""
 
     changed: tuple[str, ...]
     missing: tuple[str, ...]
@@ -407,40 +450,42 @@ class Drift:
             if names:
                 parts.append(f"{label}: {', '.join(names)}")
         return (
-            f"{WORKFLOWS_DIR} is out of date with matrix.yaml ({'; '.join(parts)}); "
-            f"regenerate with `{REGENERATE_COMMAND}` (or `nox -s workflows`) and commit the result"
+            f"the generated GitHub files are out of date with matrix.yaml ({'; '.join(parts)}); "
+            f"regenerate them with `{REGENERATE_COMMAND}` (or `nox -s workflows`) and commit "
+            "the result"
         )
 
 
-def _generated_files(directory: Path) -> dict[str, str]:
+def _generated_files(root: Path) -> dict[str, str]:
+    """Files under .github/ and .github/workflows/ that carry the generated marker."""
     found = {}
-    for path in sorted(directory.glob("*.y*ml")):
-        text = path.read_text(encoding="utf-8")
-        if text.startswith(GENERATED_MARKER):
-            found[path.name] = text
+    for directory in (ACTIONLINT_CONFIG.parent, WORKFLOWS_DIR):
+        for path in sorted((root / directory).glob("*.y*ml")):
+            text = path.read_text(encoding="utf-8")
+            if text.startswith(GENERATED_MARKER):
+                found[path.relative_to(root).as_posix()] = text
     return found
 
 
 def check_workflows(root: Path, planned: Mapping[str, str]) -> Drift:
-    committed = _generated_files(root / WORKFLOWS_DIR)
+    committed = _generated_files(root)
     return Drift(
         changed=tuple(n for n in planned if n in committed and committed[n] != planned[n]),
-        missing=tuple(n for n in planned if not (root / WORKFLOWS_DIR / n).is_file()),
+        missing=tuple(n for n in planned if not (root / n).is_file()),
         stale=tuple(n for n in committed if n not in planned),
     )
 
 
 def write_workflows(root: Path, planned: Mapping[str, str]) -> list[Path]:
     """Write the planned files and remove generated ones no longer planned; the paths changed."""
-    directory = root / WORKFLOWS_DIR
-    directory.mkdir(parents=True, exist_ok=True)
     changed = []
     for name in check_workflows(root, planned).stale:
-        (directory / name).unlink()
-        changed.append(directory / name)
+        (root / name).unlink()
+        changed.append(root / name)
     for name, text in planned.items():
-        path = directory / name
+        path = root / name
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
             changed.append(path)
     return changed
@@ -450,6 +495,7 @@ __all__ = [
     "ACTIONS",
     "REGENERATE_COMMAND",
     "WORKFLOW_KINDS",
+    "actionlint_config",
     "check_workflows",
     "cross_tests",
     "gpu_tests",

@@ -27,8 +27,14 @@ SHA = re.compile(r"^[\w.-]+/[\w.-]+@[0-9a-f]{40}$")
 SETUP_COMMANDS = {"python -m pip install nox"}
 
 
-def _workflows(text_by_name: dict[str, str]) -> dict[str, dict[str, Any]]:
-    return {name: yaml.safe_load(text) for name, text in text_by_name.items()}
+def _workflows(text_by_path: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """File name -> parsed workflow, of the workflows among generated files."""
+    prefix = WORKFLOWS_DIR.as_posix() + "/"
+    return {
+        path.removeprefix(prefix): yaml.safe_load(text)
+        for path, text in text_by_path.items()
+        if path.startswith(prefix)
+    }
 
 
 def _steps(workflow: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -52,7 +58,10 @@ def planned(write_matrix: Callable[[Any], Path], matrix_data: dict[str, Any]) ->
 def committed(repo_root: Path) -> dict[str, dict[str, Any]]:
     """The workflows committed in the repository, parsed."""
     directory = repo_root / WORKFLOWS_DIR
-    files = {path.name: path.read_text(encoding="utf-8") for path in directory.glob("*.yml")}
+    files = {
+        f"{WORKFLOWS_DIR.as_posix()}/{path.name}": path.read_text(encoding="utf-8")
+        for path in directory.glob("*.yml")
+    }
     assert files, f"no workflows in {directory}; run `{REGENERATE_COMMAND}`"
     return _workflows(files)
 
@@ -78,7 +87,9 @@ def test_a_changed_matrix_makes_the_drift_check_fail(
     matrix_data["cells"][0]["torch"] = "2.13.1+cpu"
     changed = load_matrix(write_matrix(matrix_data))
     drift = check_workflows(tmp_path, plan_workflows(changed))
-    assert drift.changed == tuple(kind.file_name for kind in WORKFLOW_KINDS)
+    assert drift.changed == tuple(
+        f"{WORKFLOWS_DIR.as_posix()}/{kind.file_name}" for kind in WORKFLOW_KINDS
+    )
     assert REGENERATE_COMMAND in drift.describe()
     assert cli.main(["--matrix", str(changed.file), "workflows", "--check"]) == 1
 
@@ -100,7 +111,9 @@ def test_stale_generated_files_count_as_drift(
     old.write_text(next(iter(planned.values())), encoding="utf-8")
     hand_written = tmp_path / WORKFLOWS_DIR / "release.yml"
     hand_written.write_text("name: release\n", encoding="utf-8")
-    assert check_workflows(tmp_path, planned).stale == ("matrix-old.yml",)
+    assert check_workflows(tmp_path, planned).stale == (
+        f"{WORKFLOWS_DIR.as_posix()}/matrix-old.yml",
+    )
     write_workflows(tmp_path, planned)
     assert not old.exists() and hand_written.exists()
 
@@ -271,3 +284,21 @@ def test_summary_job_runs_after_everything_and_renders_the_table(
         assert summary["if"] == "always()"
         assert set(summary["needs"]) == set(workflow["jobs"]) - {"summary"}
         assert [s["run"] for s in summary["steps"] if "run" in s][-1] == "nox -s summary"
+
+
+def test_actionlint_knows_the_custom_labels_of_self_hosted_runners(
+    write_matrix: Any, matrix_data: dict[str, Any]
+) -> None:
+    matrix_data["runners"]["gpu"] = ["self-hosted", "linux", "x64", "gpu", "h200"]
+    planned = plan_workflows(load_matrix(write_matrix(matrix_data)), REQUIREMENTS)
+    config = yaml.safe_load(planned[".github/actionlint.yaml"])
+    assert config == {"self-hosted-runner": {"labels": ["gpu", "h200"]}}
+
+
+def test_self_hosted_runner_justified_only_where_pull_requests_cannot_reach_it(
+    write_matrix: Any, matrix_data: dict[str, Any]
+) -> None:
+    matrix_data["cells"][2]["selections"] = ["pr", "main"]
+    planned = plan_workflows(load_matrix(write_matrix(matrix_data)), REQUIREMENTS)
+    assert "zizmor: ignore[self-hosted-runner]" in planned[".github/workflows/matrix-main.yml"]
+    assert "zizmor: ignore" not in planned[".github/workflows/matrix-pr.yml"]
