@@ -302,3 +302,15 @@ def test_self_hosted_runner_justified_only_where_pull_requests_cannot_reach_it(
     planned = plan_workflows(load_matrix(write_matrix(matrix_data)), REQUIREMENTS)
     assert "zizmor: ignore[self-hosted-runner]" in planned[".github/workflows/matrix-main.yml"]
     assert "zizmor: ignore" not in planned[".github/workflows/matrix-pr.yml"]
+
+
+def test_test_wheel_maps_the_staged_wheel_to_where_the_job_sees_the_repo(tmp_path: Path) -> None:
+    from fallback_matrix.wheel_tests import find_wheel, stage_wheel
+
+    built = tmp_path / "artifacts" / "cuda"
+    built.mkdir(parents=True)
+    (built / "torch_fallback-0.1.0-cp311-cp311-linux_x86_64.whl").write_bytes(b"wheel")
+    wheel = stage_wheel(tmp_path, find_wheel(built), "cuda")
+    assert wheel.read_bytes() == b"wheel"
+    relative = wheel.relative_to(tmp_path).as_posix()
+    assert relative == ".cache/test-wheel/cuda/torch_fallback-0.1.0-cp311-cp311-linux_x86_64.whl"
