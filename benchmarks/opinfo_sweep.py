@@ -53,6 +53,10 @@ def to_relay(value):
     return value.to("relay") if isinstance(value, torch.Tensor) else value
 
 
+def clone(value):
+    return value.clone() if isinstance(value, torch.Tensor) else value
+
+
 def to_cpu(value):
     return value.cpu() if isinstance(value, torch.Tensor) else value
 
@@ -90,14 +94,14 @@ def categorize(error: BaseException) -> str:
 
 def is_random(op, sample) -> bool:
     try:
-        first, second = run(op, sample, lambda v: v, 0), run(op, sample, lambda v: v, 1)
+        first, second = run(op, sample, clone, 0), run(op, sample, clone, 1)
         compare(first, second, rtol=0, atol=0)
         return False
     except AssertionError:
         return True
 
 
-def sweep_entry(op, max_samples: int, rtol: float, atol: float) -> EntryResult:
+def sweep_entry(op, max_samples: int, rtol: float, atol: float, reference: str) -> EntryResult:
     name = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
     if op.name.split(".")[-1].startswith(("empty", "new_empty")):
         return EntryResult(name, "unsupported", "uninitialized-memory", None, 0)
@@ -109,7 +113,7 @@ def sweep_entry(op, max_samples: int, rtol: float, atol: float) -> EntryResult:
         return EntryResult(name, "unsupported", "no-samples", None, 0)
     for sample in samples:
         try:
-            expected = run(op, sample, lambda v: v, 0)
+            expected = tree_map(to_cpu, run(op, sample, lambda v: clone(v).to(reference), 0))
         except Exception:  # noqa: BLE001 - CPU eager itself rejects this sample
             continue
         try:
@@ -124,7 +128,8 @@ def sweep_entry(op, max_samples: int, rtol: float, atol: float) -> EntryResult:
 
 def render_table(summary: dict, results: list[EntryResult]) -> str:
     lines = [
-        f"OpInfo sweep: target={summary['target']} home={summary['home']} torch={summary['torch']}",
+        f"OpInfo sweep: target={summary['target']} home={summary['home']} "
+        f"reference={summary['reference']} eager, torch={summary['torch']}",
         f"entries with float32 samples: {summary['entries']}  passed: {summary['passed']}  "
         f"failed: {summary['failed']}  unsupported: {summary['unsupported']}  "
         f"pass rate: {summary['pass_rate']:.1%}",
@@ -146,6 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", default="cpu", choices=["cpu", "cuda", "auto"])
     parser.add_argument("--home", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--samples", type=int, default=3, help="samples per entry")
+    parser.add_argument(
+        "--reference", choices=["cpu", "cuda"],
+        help="eager device to compare with (default: the target's, so CUDA results are "
+        "compared with CUDA eager, same kernels and same random generator)",
+    )
     parser.add_argument("--ops", nargs="*", help="only these OpInfo names")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
@@ -155,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
 
     torch_fallback.set_target(args.target)
     torch_fallback.set_relay_home(args.home)
-    rtol, atol = (1.3e-6, 1e-5) if args.target == "cpu" else (1e-4, 1e-4)
+    reference = args.reference or ("cpu" if args.target == "cpu" else "cuda")
+    rtol, atol = (1.3e-6, 1e-5) if reference == "cpu" else (1e-4, 1e-4)
 
     entries = [op for op in op_db if torch.float32 in op.supported_dtypes("cpu")]
     if args.ops:
@@ -164,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     # CPU eager is the reference: keep CUDA matmuls and convolutions in full fp32.
     torch.backends.cuda.matmul.allow_tf32 = False
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
-        results = [sweep_entry(op, args.samples, rtol, atol) for op in entries]
+        results = [sweep_entry(op, args.samples, rtol, atol, reference) for op in entries]
     results = [r for r in results if r.category != "no-samples"]
 
     counts = collections.Counter(r.status for r in results)
@@ -172,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {
         "target": args.target,
         "home": args.home,
+        "reference": reference,
         "torch": str(torch.__version__),
         "python": platform.python_version(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.device_count() else None,

@@ -138,7 +138,8 @@ class FallbackCall {
 
   void choose_target() {
     Target wanted = forced_to_cpu(name_, overload_) ? Target::Cpu : target();
-    const bool has_cuda_kernel = op_.hasKernelForDispatchKey(c10::DispatchKey::CUDA);
+    // Computed: a composite kernel (convolution's, say) serves CUDA too.
+    const bool has_cuda_kernel = op_.hasComputedKernelForDispatchKey(c10::DispatchKey::CUDA);
     if (wanted == Target::Auto) {
       wanted = cuda::device_count() > 0 && has_cuda_kernel ? Target::Cuda : Target::Cpu;
     }

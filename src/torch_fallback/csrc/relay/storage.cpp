@@ -2,6 +2,7 @@
 // between relay storages and CPU or CUDA storages.
 #include <atomic>
 
+#include <ATen/Context.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
@@ -35,6 +36,8 @@ c10::DataPtr allocate_on(Home home, c10::DeviceIndex index, size_t nbytes) {
   TORCH_CHECK(index < cuda::device_count(), "torch_fallback: relay:", static_cast<int>(index),
               " homes its memory on cuda:", static_cast<int>(index), ", but only ",
               static_cast<int>(cuda::device_count()), " GPU(s) are visible.");
+  // The CUDA caching allocator exists once CUDA is initialised; no CUDA op may have run yet.
+  at::globalContext().lazyInitDevice(c10::kCUDA);
   c10::DeviceGuard guard(c10::Device(c10::kCUDA, index));
   auto* cuda_memory = new c10::DataPtr(c10::GetAllocator(c10::kCUDA)->allocate(nbytes));
   return {cuda_memory->get(), cuda_memory, &free_cuda, relay_device(index)};
