@@ -10,10 +10,14 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 
 from rich.table import Table
 
@@ -439,11 +443,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a cancelled CI job) cleans up like Ctrl-C: containers are removed."""
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     reporter = Reporter()
     try:
-        return int(args.handler(args, reporter))
+        with _terminate_as_interrupt():
+            return int(args.handler(args, reporter))
     except MatrixError as error:
         reporter.error(str(error))
         return EXIT_USAGE
