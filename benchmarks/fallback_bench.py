@@ -63,7 +63,9 @@ def cases() -> list[Case]:
         return torch.randn(10_000, 64), torch.randint(0, 10_000, (n,)), torch.arange(bags) * 16
 
     def grid_sampler(n):
-        shape = {1 << 10: (1, 1, 32, 32), 1 << 20: (4, 16, 128, 128), 1 << 24: (16, 16, 256, 256)}[n]
+        shape = {1 << 10: (1, 1, 32, 32), 1 << 20: (4, 16, 128, 128), 1 << 24: (16, 16, 256, 256)}[
+            n
+        ]
         batch, _, height, width = shape
         return torch.randn(shape), torch.rand(batch, height, width, 2) * 2 - 1
 
@@ -94,11 +96,7 @@ def cases() -> list[Case]:
         "median": (one_vector, lambda x: torch.median(x)),
         "cdist": (cdist, lambda a, b: torch.cdist(a, b)),
     }
-    return [
-        Case(name, size, make, run)
-        for name, (make, run) in ops.items()
-        for size in SIZES
-    ]
+    return [Case(name, size, make, run) for name, (make, run) in ops.items() for size in SIZES]
 
 
 def configure(variant: str) -> str:
@@ -136,8 +134,13 @@ def measure(case: Case, variant: str, budget_s: float, max_repeats: int) -> dict
     moved = sum(m.bytes_to_target + m.bytes_from_target for m in torch_fallback.metrics().values())
     calls = sum(m.calls for m in torch_fallback.metrics().values())
     return {
-        "op": case.op, "size": case.size, "variant": variant, "median_ms": median_ms,
-        "repeats": repeats, "fallback_calls": calls, "bytes_moved": moved,
+        "op": case.op,
+        "size": case.size,
+        "variant": variant,
+        "median_ms": median_ms,
+        "repeats": repeats,
+        "fallback_calls": calls,
+        "bytes_moved": moved,
     }
 
 
@@ -145,15 +148,21 @@ def ratios(rows: list[dict]) -> list[dict]:
     table = {(r["op"], r["size"], r["variant"]): r["median_ms"] for r in rows}
     out = []
     for op, size in dict.fromkeys((r["op"], r["size"]) for r in rows):
-        get = lambda v: table.get((op, size, v))  # noqa: E731
+
+        def get(variant: str, op: str = op, size: str = size) -> float | None:
+            return table.get((op, size, variant))
+
         a, b, c = get("a"), get("b"), get("c")
-        out.append({
-            "op": op, "size": size,
-            "b_over_a": b / a if a and b else None,
-            "b_minus_a_us": (b - a) * 1e3 if a and b else None,
-            "c_over_b": c / b if b and c else None,
-            "b_sync_over_b": get("b_sync") / b if b and get("b_sync") else None,
-        })
+        out.append(
+            {
+                "op": op,
+                "size": size,
+                "b_over_a": b / a if a and b else None,
+                "b_minus_a_us": (b - a) * 1e3 if a and b else None,
+                "c_over_b": c / b if b and c else None,
+                "b_sync_over_b": get("b_sync") / b if b and get("b_sync") else None,
+            }
+        )
     return out
 
 
@@ -164,7 +173,9 @@ def render(rows: list[dict], derived: list[dict]) -> str:
     lines = ["median ms per call", head, "-" * len(head)]
     for d in derived:
         cells = " ".join(
-            f"{table[(d['op'], d['size'], v)]:>9.3f}" if (d["op"], d["size"], v) in table else f"{'-':>9}"
+            f"{table[(d['op'], d['size'], v)]:>9.3f}"
+            if (d["op"], d["size"], v) in table
+            else f"{'-':>9}"
             for v in VARIANTS
         )
         fmt = lambda x, spec: format(x, spec) if x is not None else "-"  # noqa: E731
@@ -183,12 +194,18 @@ def plot(rows: list[dict], path: str) -> None:
 
     ops = list(dict.fromkeys(r["op"] for r in rows))
     fig, axes = plt.subplots(1, len(SIZES), figsize=(6 * len(SIZES), 6), sharey=False)
-    for ax, size in zip(axes, SIZES):
+    for ax, size in zip(axes, SIZES, strict=True):
         width = 0.8 / len(VARIANTS)
         for k, variant in enumerate(VARIANTS):
             values = [
-                next((r["median_ms"] for r in rows if r["op"] == op and r["size"] == size
-                      and r["variant"] == variant), float("nan"))
+                next(
+                    (
+                        r["median_ms"]
+                        for r in rows
+                        if r["op"] == op and r["size"] == size and r["variant"] == variant
+                    ),
+                    float("nan"),
+                )
                 for op in ops
             ]
             ax.bar([i + k * width for i in range(len(ops))], values, width, label=variant)
@@ -216,7 +233,10 @@ def main(argv: list[str] | None = None) -> int:
             rows = json.load(stream)["rows"]
     else:
         if not torch.cuda.is_available():
-            print("fallback_bench needs a CUDA GPU: torch.cuda.is_available() is False", file=sys.stderr)
+            print(
+                "fallback_bench needs a CUDA GPU: torch.cuda.is_available() is False",
+                file=sys.stderr,
+            )
             return 2
         rows = []
         for case in cases():
@@ -224,8 +244,10 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             for variant in VARIANTS:
                 rows.append(measure(case, variant, args.budget, args.max_repeats))
-                print(f"{case.op:<20} {case.size:>4} {variant:<7} {rows[-1]['median_ms']:10.4f} ms",
-                      flush=True)
+                print(
+                    f"{case.op:<20} {case.size:>4} {variant:<7} {rows[-1]['median_ms']:10.4f} ms",
+                    flush=True,
+                )
     derived = ratios(rows)
     print(render(rows, derived))
     if args.json and not args.from_json:

@@ -67,15 +67,23 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     for round_ in range(rounds + 1):
         if round_ % every == 0:
-            samples.append({"calls": round_ * calls_per_round, "rss_mb": round(rss_mb(), 2),
-                            "cuda_mb": round(cuda_mb(), 2)})
+            samples.append(
+                {
+                    "calls": round_ * calls_per_round,
+                    "rss_mb": round(rss_mb(), 2),
+                    "cuda_mb": round(cuda_mb(), 2),
+                }
+            )
         if round_ < rounds:
             step(x, out)
     elapsed = time.perf_counter() - start
     calls = sum(m.calls for m in torch_fallback.metrics().values())
     result = {
-        "target": args.target, "home": args.home, "torch": str(torch.__version__),
-        "fallback_calls": calls, "seconds": round(elapsed, 1),
+        "target": args.target,
+        "home": args.home,
+        "torch": str(torch.__version__),
+        "fallback_calls": calls,
+        "seconds": round(elapsed, 1),
         "rss_growth_mb": round(samples[-1]["rss_mb"] - samples[0]["rss_mb"], 2),
         "cuda_growth_mb": round(samples[-1]["cuda_mb"] - samples[0]["cuda_mb"], 2),
         "samples": samples,
@@ -83,8 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'calls':>8} {'RSS MB':>9} {'CUDA MB':>9}")
     for sample in samples:
         print(f"{sample['calls']:>8} {sample['rss_mb']:>9.2f} {sample['cuda_mb']:>9.2f}")
-    print(f"{calls} fallback calls in {elapsed:.1f} s, target={args.target} home={args.home}; "
-          f"RSS growth {result['rss_growth_mb']} MB, CUDA growth {result['cuda_growth_mb']} MB")
+    print(
+        f"{calls} fallback calls in {elapsed:.1f} s, target={args.target} home={args.home}; "
+        f"RSS growth {result['rss_growth_mb']} MB, CUDA growth {result['cuda_growth_mb']} MB"
+    )
     if args.json:
         with open(args.json, "w") as stream:
             json.dump(result, stream, indent=1)

@@ -52,7 +52,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if not markers & {"requires_cuda", "cpu_wheel", "cuda_wheel"}:
             continue
         if not checked:
-            missing_gpu, built_with_cuda, checked = missing_gpu_reason(), torch_built_with_cuda(), True
+            missing_gpu, built_with_cuda, checked = (
+                missing_gpu_reason(),
+                torch_built_with_cuda(),
+                True,
+            )
         if "requires_cuda" in markers and missing_gpu is not None and not gpu_requirement():
             item.add_marker(pytest.mark.skip(reason=f"requires_cuda: {missing_gpu}"))
         if "cpu_wheel" in markers and built_with_cuda:

@@ -11,7 +11,6 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 from . import relay
 from ._device import register as _register_device
 from .metrics import OpMetrics, metrics, metrics_report, reset_metrics
-from .relay import _C
 from .settings import (
     apply_environment,
     get_cpu_ops,

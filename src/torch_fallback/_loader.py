@@ -18,8 +18,8 @@ import importlib
 import json
 import os
 import sys
-from pathlib import Path
 from importlib import resources
+from pathlib import Path
 from types import ModuleType
 
 import torch

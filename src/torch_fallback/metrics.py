@@ -50,8 +50,10 @@ def metrics_report(snapshot: dict[str, OpMetrics] | None = None) -> str:
         return "no op has gone through the fallback"
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     lines = [
-        "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in
-                  enumerate(zip(row, widths)))
+        "  ".join(
+            cell.ljust(w) if i == 0 else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        )
         for row in [header, *rows]
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))

@@ -54,7 +54,7 @@ def get_cuda_sync() -> str:
 
 
 def set_cuda_sync(mode: str) -> None:
-    """"stream": CUDA fallback results are used in the order of the current
+    """ "stream": CUDA fallback results are used in the order of the current
     stream (default). "device": a full device synchronize after each op."""
     _C.set_cuda_sync(mode)
 

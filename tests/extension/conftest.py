@@ -20,9 +20,15 @@ class Placement:
 
 PLACEMENTS = [
     pytest.param(Placement("cpu", "cpu"), id="target-cpu-home-cpu"),
-    pytest.param(Placement("cpu", "cuda"), id="target-cpu-home-cuda", marks=pytest.mark.requires_cuda),
-    pytest.param(Placement("cuda", "cpu"), id="target-cuda-home-cpu", marks=pytest.mark.requires_cuda),
-    pytest.param(Placement("cuda", "cuda"), id="target-cuda-home-cuda", marks=pytest.mark.requires_cuda),
+    pytest.param(
+        Placement("cpu", "cuda"), id="target-cpu-home-cuda", marks=pytest.mark.requires_cuda
+    ),
+    pytest.param(
+        Placement("cuda", "cpu"), id="target-cuda-home-cpu", marks=pytest.mark.requires_cuda
+    ),
+    pytest.param(
+        Placement("cuda", "cuda"), id="target-cuda-home-cuda", marks=pytest.mark.requires_cuda
+    ),
 ]
 
 

@@ -70,7 +70,9 @@ def test_view_as_real_is_a_native_relay_view():
 
 
 def test_relay_and_a_non_scalar_cpu_tensor_in_one_op():
-    with pytest.raises(RuntimeError, match="got a tensor on cpu together with relay tensors") as error:
+    with pytest.raises(
+        RuntimeError, match="got a tensor on cpu together with relay tensors"
+    ) as error:
         torch.cat([relay(torch.randn(3)), torch.randn(3)])
     assert "aten::cat.out" in str(error.value)
 
@@ -131,7 +133,10 @@ def test_bad_environment_is_a_clear_error(variable, value):
 
 def test_environment_sets_target_and_cpu_ops():
     settings.apply_environment(
-        {"TORCH_FALLBACK_TARGET": "auto", "TORCH_FALLBACK_CPU_OPS": "aten::nonzero, aten::sort.stable"}
+        {
+            "TORCH_FALLBACK_TARGET": "auto",
+            "TORCH_FALLBACK_CPU_OPS": "aten::nonzero, aten::sort.stable",
+        }
     )
     assert settings.get_target() == "auto"
     assert settings.get_cpu_ops() == ["aten::nonzero", "aten::sort.stable"]

@@ -26,7 +26,7 @@ def relay(tensor: torch.Tensor) -> torch.Tensor:
 def assert_matches(actual, expected) -> None:
     if isinstance(expected, (tuple, list)):
         assert len(actual) == len(expected)
-        for a, e in zip(actual, expected):
+        for a, e in zip(actual, expected, strict=True):
             assert_matches(a, e)
         return
     assert actual.device.type == "relay", f"result on {actual.device}, expected relay"
@@ -78,7 +78,9 @@ def test_scatter_reduce_mean(placement):
     index = torch.tensor([0, 1, 0, 1, 2, 1, 5, 5])
     src = torch.randn(8)
     expected = base.scatter_reduce(0, index, src, reduce="mean", include_self=True)
-    actual = relay(base).scatter_reduce(0, relay(index), relay(src), reduce="mean", include_self=True)
+    actual = relay(base).scatter_reduce(
+        0, relay(index), relay(src), reduce="mean", include_self=True
+    )
     assert_matches(actual, expected)
     assert_fell_back("aten::scatter_reduce.two_out", placement.target)
 
@@ -145,7 +147,7 @@ def test_foreach_op_on_two_tensor_lists(placement):
     xs = [torch.randn(3), torch.randn(2, 2)]
     ys = [torch.randn(3), torch.randn(2, 2)]
     actual = torch._foreach_add([relay(x) for x in xs], [relay(y) for y in ys])
-    assert_matches(actual, [x + y for x, y in zip(xs, ys)])
+    assert_matches(actual, [x + y for x, y in zip(xs, ys, strict=True)])
     assert_fell_back("aten::add.out", placement.target)
 
 
@@ -156,8 +158,15 @@ def test_op_mutating_several_tensor_lists(placement):
     grads = [torch.randn(4), torch.randn(2, 3)]
     momenta = [torch.randn(4), torch.randn(2, 3)]
     relay_lists = [[relay(t) for t in group] for group in (params, grads, momenta)]
-    settings = dict(weight_decay=0.01, momentum=0.9, lr=0.1, dampening=0.0, nesterov=True,
-                    maximize=False, is_first_step=False)
+    settings = dict(
+        weight_decay=0.01,
+        momentum=0.9,
+        lr=0.1,
+        dampening=0.0,
+        nesterov=True,
+        maximize=False,
+        is_first_step=False,
+    )
     torch._fused_sgd_(params, grads, momenta, **settings)
     torch._fused_sgd_(*relay_lists, **settings)
     assert_matches(relay_lists[0], params)

@@ -30,7 +30,7 @@ def test_eight_threads_get_eager_results_and_exact_metrics():
         start.wait()
         for round_ in range(ROUNDS):
             got = (torch.nonzero(x > 0), torch.sort(x, dim=1).values, x.cumsum(0))
-            for g, e in zip(got, expected[index]):
+            for g, e in zip(got, expected[index], strict=True):
                 if not torch.equal(g.cpu(), e):
                     failures.append(f"thread {index} round {round_}: result differs from eager")
 
@@ -49,14 +49,21 @@ def test_extension_built_for_another_torch_raises_a_clear_import_error(tmp_path)
     installed = Path(torch_fallback.__file__).parent
     copy = tmp_path / "torch_fallback"
     shutil.copytree(installed, copy, ignore=shutil.ignore_patterns("csrc", "__pycache__"))
-    (copy / "_build_info.json").write_text(json.dumps({"torch_version": "2.99.1+cpu", "cuda_version": None}))
+    (copy / "_build_info.json").write_text(
+        json.dumps({"torch_version": "2.99.1+cpu", "cuda_version": None})
+    )
     completed = subprocess.run(
         [sys.executable, "-c", "import torch_fallback"],
-        capture_output=True, text=True, cwd=tmp_path, env={"PYTHONPATH": str(tmp_path), "PATH": ""},
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path), "PATH": ""},
     )
     assert completed.returncode != 0
     last_line = completed.stderr.strip().splitlines()[-1]
-    assert last_line.startswith("ImportError: torch_fallback's extension was built against torch 2.99.1+cpu")
+    assert last_line.startswith(
+        "ImportError: torch_fallback's extension was built against torch 2.99.1+cpu"
+    )
     assert str(torch.__version__) in last_line
     assert "pip install --no-build-isolation" in last_line
     assert "undefined symbol" not in completed.stderr
@@ -66,8 +73,12 @@ def test_extension_built_for_another_torch_raises_a_clear_import_error(tmp_path)
 def test_bad_environment_fails_the_import_clearly(tmp_path, variable):
     completed = subprocess.run(
         [sys.executable, "-c", "import torch_fallback"],
-        capture_output=True, text=True, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
         env={**__import__("os").environ, variable: "gpu"},
     )
     assert completed.returncode != 0
-    assert completed.stderr.strip().splitlines()[-1].startswith("ValueError: torch_fallback: unknown")
+    assert (
+        completed.stderr.strip().splitlines()[-1].startswith("ValueError: torch_fallback: unknown")
+    )

@@ -49,7 +49,9 @@ def test_stub_defines_every_c10_cuda_symbol_that_C_leaves_undefined():
 
 def test_set_device_mangling_matches_the_torch_built_against():
     major, minor = (int(part) for part in torch.__version__.split(".")[:2])
-    expected = "_ZN3c104cuda10set_deviceEab" if (major, minor) >= (2, 8) else "_ZN3c104cuda10set_deviceEa"
+    expected = (
+        "_ZN3c104cuda10set_deviceEab" if (major, minor) >= (2, 8) else "_ZN3c104cuda10set_deviceEa"
+    )
     assert expected in _C.cuda_symbol_names()
 
 
@@ -62,7 +64,9 @@ def test_cpu_wheel_resolves_c10_cuda_to_the_stub():
 
 @pytest.mark.cpu_wheel
 def test_cpu_wheel_stub_raises_its_clear_error():
-    with pytest.raises(RuntimeError, match="built without CUDA, so the CUDA fallback target cannot run"):
+    with pytest.raises(
+        RuntimeError, match="built without CUDA, so the CUDA fallback target cannot run"
+    ):
         _C.cuda_current_device_unchecked()
 
 
@@ -86,13 +90,18 @@ def test_cuda_wheel_without_gpu_names_the_missing_gpu():
 def test_info_reports_the_resolution_and_build(tmp_path):
     completed = subprocess.run(
         [sys.executable, "-m", "torch_fallback", "info", "--json"],
-        capture_output=True, text=True, check=True, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
     )
     info = json.loads(completed.stdout)
     assert info["torch_version"] == str(torch.__version__)
     assert info["cuda_built"] == torch.backends.cuda.is_built()
     providers = {Path(path).name.split(".")[0] for path in info["cuda_symbols"].values()}
-    assert providers == ({"libc10_cuda"} if torch.backends.cuda.is_built() else {"_C_cuda_functions"})
+    assert providers == (
+        {"libc10_cuda"} if torch.backends.cuda.is_built() else {"_C_cuda_functions"}
+    )
     assert info["cuda_stub_loaded"] == (not torch.backends.cuda.is_built())
 
 
