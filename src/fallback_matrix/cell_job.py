@@ -24,6 +24,7 @@ step failed and why.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
@@ -212,6 +213,27 @@ def site_packages(venv: Path) -> Path:
     return venv / "lib" / version / "site-packages"
 
 
+@contextmanager
+def locked(lock_file: Path, what: str, report: Reporter) -> Iterator[None]:
+    """Hold an exclusive lock while the block runs.
+
+    Runs of the same cell on one host (another clone, another container on the
+    same cache volume) share the build dir and environments: a second run waits
+    here instead of rewriting them under the first.
+    """
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with lock_file.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            report.say(f"waiting for another run that holds {what} ({lock_file})")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 # --- steps ---------------------------------------------------------------------------------------
 
 
@@ -229,8 +251,13 @@ def env_key(job: Job) -> str:
 
 def ensure_base_env(layout: Layout, env: Mapping[str, str], report: Reporter) -> Path:
     """The cached venv with torch and the groups, created now if no complete one exists."""
+    base = layout.cache / "envs" / f"{layout.job.cell}-{env_key(layout.job)}"
+    with locked(base.with_name(base.name + ".lock"), "the environment", report):
+        return _ensure_base_env(layout, base, env, report)
+
+
+def _ensure_base_env(layout: Layout, base: Path, env: Mapping[str, str], report: Reporter) -> Path:
     job = layout.job
-    base = layout.cache / "envs" / f"{job.cell}-{env_key(job)}"
     if (base / ENV_COMPLETE_MARKER).is_file():
         report.say(f"reusing environment {base} (same interpreter and wheelhouse)")
         return base
@@ -510,11 +537,13 @@ def execute(job: Job) -> int:
             wheel = Path(job.prebuilt_wheel)
             report.say(f"testing the prebuilt wheel {wheel}: steps sources and build skipped")
         else:
-            with report.step("sources"):
-                sync_sources(layout, report)
-            with report.step("build"):
-                build = build_env(layout, base, env, report)
-                wheel = build_wheel(layout, build)
+            build_lock = layout.build_dir.with_name(layout.build_dir.name + ".lock")
+            with locked(build_lock, "the build dir", report):
+                with report.step("sources"):
+                    sync_sources(layout, report)
+                with report.step("build"):
+                    build = build_env(layout, base, env, report)
+                    wheel = build_wheel(layout, build)
         with report.step("install"):
             install_wheel(layout, wheel, env, report)
         with report.step("tests"):

@@ -142,6 +142,9 @@ def ensure_wheelhouse(
     try:
         _fill(request, index_url, staging, log, pip_download, probe)
         staging.chmod(0o755)  # mkdtemp makes it 0700; the container user must read it
+        if (final / MANIFEST_NAME).is_file():
+            log.step(f"wheelhouse: another run completed {final} meanwhile; using it")
+            return final
         if final.exists():
             shutil.rmtree(final)  # an incomplete directory from an older layout
         os.rename(staging, final)

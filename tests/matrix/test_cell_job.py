@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import fcntl
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from fallback_matrix.cell_job import (
     Layout,
     Reporter,
     StepFailed,
+    locked,
     run_tests,
     sync_sources,
     torch_matches,
@@ -198,3 +201,27 @@ def test_tests_run_outside_the_source_tree(tmp_path: Path, monkeypatch: pytest.M
     assert "-p" in command and "no:cacheprovider" in command
     assert command[command.index("--junitxml") + 1] == layout.artifacts / "junit.xml"
     assert command[command.index("-m", 3) + 1] == "not requires_cuda"
+
+
+def test_a_second_run_waits_for_the_lock(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lock_file = tmp_path / "build" / "cpu.lock"
+    lock_file.parent.mkdir()
+    order: list[str] = []
+    with lock_file.open("a") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+
+        def second_run() -> None:
+            with locked(lock_file, "the build dir", Reporter("cpu")):
+                order.append("second run")
+
+        thread = threading.Thread(target=second_run)
+        thread.start()
+        thread.join(timeout=0.5)
+        assert thread.is_alive(), "the second run must wait while the first holds the lock"
+        order.append("first run done")
+        fcntl.flock(holder, fcntl.LOCK_UN)
+    thread.join(timeout=5)
+    assert order == ["first run done", "second run"]
+    assert "waiting for another run that holds the build dir" in capsys.readouterr().out
