@@ -5,6 +5,7 @@ Build with no build isolation, in the environment whose torch you will run:
 """
 
 import json
+import os
 from pathlib import Path
 
 from setuptools import setup
@@ -22,6 +23,14 @@ except ImportError as error:  # pragma: no cover - depends on the build environm
 CSRC = Path("src/torch_fallback/csrc")
 BUILD_INFO = "_build_info.json"
 CXX_FLAGS = ["-O2", "-g0", "-fvisibility=hidden", "-Wall", "-Wno-unused-parameter"]
+LINK_FLAGS: list[str] = []
+
+# TORCH_FALLBACK_SANITIZE=address builds with AddressSanitizer; run the result
+# with LD_PRELOAD=$(g++ -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0.
+if os.environ.get("TORCH_FALLBACK_SANITIZE"):
+    sanitizer = f"-fsanitize={os.environ['TORCH_FALLBACK_SANITIZE']}"
+    CXX_FLAGS = [sanitizer, "-O1", "-g", "-fno-omit-frame-pointer", "-Wall", "-Wno-unused-parameter"]
+    LINK_FLAGS = [sanitizer]
 
 
 def sources(*names: str) -> list[str]:
@@ -70,11 +79,13 @@ extensions = [
         ),
         define_macros=version_macros,
         extra_compile_args={"cxx": CXX_FLAGS},
+        extra_link_args=LINK_FLAGS,
     ),
     CppExtension(
         "torch_fallback._C_cuda_functions",
         sources("cuda_functions_stub.cpp"),
         extra_compile_args={"cxx": CXX_FLAGS},
+        extra_link_args=LINK_FLAGS,
     ),
 ]
 
