@@ -2,6 +2,7 @@
 # requires-python = ">=3.11"
 # dependencies = [
 #   "nox>=2025.2.9", "pyyaml>=6", "pydantic>=2.6", "docker>=7", "rich>=13", "pytest>=8",
+#   "hypothesis>=6",
 # ]
 # ///
 """nox sessions of torch-fallback: thin wrappers over fallback_matrix.
