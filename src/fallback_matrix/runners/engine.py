@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -9,6 +10,10 @@ from ..errors import RunnerUnavailableError
 
 if TYPE_CHECKING:
     from docker import DockerClient
+
+# nox logs at debug level; the SDK's HTTP chatter would drown the cell's own log.
+for _chatty in ("urllib3", "docker"):
+    logging.getLogger(_chatty).setLevel(logging.WARNING)
 
 PING_TIMEOUT_S = 5
 API_TIMEOUT_S = 900  # image builds can be silent for minutes
