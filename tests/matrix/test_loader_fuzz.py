@@ -11,12 +11,34 @@ from hypothesis import strategies as st
 from fallback_matrix.errors import MatrixFileError
 from fallback_matrix.loader import load_matrix
 
+# tmp_path is shared by the examples of one test; each example overwrites the file.
+FIXTURE_OK = [HealthCheck.function_scoped_fixture]
 REPO_MATRIX = Path(__file__).resolve().parents[2] / "matrix.yaml"
 
-scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8)
+scalars = (
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8)
+)
 keys = st.sampled_from(
-    ["version", "defaults", "cells", "variants", "runners", "name", "variant", "torch", "python",
-     "cuda", "gpu", "tests", "markers", "paths", "image", "index_url", "selections", "x"]
+    [
+        "version",
+        "defaults",
+        "cells",
+        "variants",
+        "runners",
+        "name",
+        "variant",
+        "torch",
+        "python",
+        "cuda",
+        "gpu",
+        "tests",
+        "markers",
+        "paths",
+        "image",
+        "index_url",
+        "selections",
+        "x",
+    ]
 ) | st.text(max_size=6)
 documents = st.recursive(
     scalars,
@@ -35,7 +57,7 @@ def assert_valid_or_located(path: Path) -> None:
         assert all(problem.message for problem in error.problems)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=300, deadline=None, suppress_health_check=FIXTURE_OK)
 @given(document=documents)
 def test_arbitrary_yaml_documents(tmp_path: Path, document) -> None:
     path = tmp_path / "matrix.yaml"
@@ -43,7 +65,7 @@ def test_arbitrary_yaml_documents(tmp_path: Path, document) -> None:
     assert_valid_or_located(path)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, deadline=None, suppress_health_check=FIXTURE_OK)
 @given(data=st.data())
 def test_mutations_of_the_real_matrix(tmp_path: Path, data) -> None:
     """Replace one value anywhere in the project's matrix with an arbitrary one."""
@@ -65,7 +87,7 @@ def test_mutations_of_the_real_matrix(tmp_path: Path, data) -> None:
     assert_valid_or_located(path)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, deadline=None, suppress_health_check=FIXTURE_OK)
 @given(text=st.text(max_size=200))
 def test_arbitrary_text(tmp_path: Path, text: str) -> None:
     path = tmp_path / "matrix.yaml"
