@@ -10,11 +10,11 @@ boxed fallback.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
 import torch
 
 from ._loader import load_extension
+from ._scoped import scoped
 
 _C = load_extension()
 
@@ -66,14 +66,9 @@ def set_home(home: str) -> None:
     _C.relay_set_home(home)
 
 
-@contextlib.contextmanager
-def home(home: str) -> Iterator[None]:
-    previous = get_home()
-    set_home(home)
-    try:
-        yield
-    finally:
-        set_home(previous)
+def home(home: str) -> contextlib.AbstractContextManager[None]:
+    """``with relay.home("cuda"):`` allocates on the GPU inside the block."""
+    return scoped(get_home, set_home, home)
 
 
 def manual_seed(seed: int) -> None:

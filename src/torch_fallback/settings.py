@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 
+from ._scoped import scoped
 from .relay import _C, set_home
 
 TARGETS = ("cpu", "cuda", "auto")
@@ -30,14 +31,9 @@ def set_target(name: str) -> None:
     _C.set_target(name)
 
 
-@contextlib.contextmanager
-def target(name: str) -> Iterator[None]:
-    previous = get_target()
-    set_target(name)
-    try:
-        yield
-    finally:
-        set_target(previous)
+def target(name: str) -> contextlib.AbstractContextManager[None]:
+    """``with torch_fallback.target("cuda"):`` sets the target inside the block."""
+    return scoped(get_target, set_target, name)
 
 
 def get_cpu_ops() -> list[str]:
