@@ -41,6 +41,15 @@ def _fresh_dir(path: Path) -> Path:
     return path
 
 
+def exit_reason(exit_code: int) -> str:
+    """Why a job ended with this status, where the status itself says so."""
+    if exit_code == 137:
+        return ": killed by SIGKILL, e.g. docker kill or the out-of-memory killer"
+    if exit_code == 143:
+        return ": stopped by SIGTERM, e.g. docker stop"
+    return ""
+
+
 def run_cell(
     matrix: LoadedMatrix,
     cell: Cell,
@@ -83,7 +92,8 @@ def run_cell(
             exit_code, where = outcome.exit_code, outcome.where
             if exit_code != 0:
                 error = (
-                    f"cell {cell.name} failed in {where} (exit status {exit_code}); log: {log.path}"
+                    f"cell {cell.name} failed in {where} (exit status {exit_code}"
+                    f"{exit_reason(exit_code)}); log: {log.path}"
                 )
         except MatrixError as problem:
             error = str(problem)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -120,6 +122,32 @@ def test_a_failing_job_gives_a_nonzero_status_naming_the_cell(
     assert str(tmp_path / "artifacts" / "cpu" / "cell.log") in result.error
     assert "about to fail" in result.log.read_text()
     assert_container_removed(client, result.log.read_text())
+
+
+def test_a_container_killed_mid_job_fails_the_cell_and_leaves_no_container(
+    repo_root: Path, tmp_path: Path, client: Any, volume: str
+) -> None:
+    killed: list[str] = []
+
+    def kill_when_running() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not killed:
+            for container in client.containers.list(filters={"label": LABEL}):
+                if container.name.startswith("fallback-matrix-cpu-"):
+                    container.kill()
+                    killed.append(container.name)
+                    return
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_when_running)
+    killer.start()
+    result = run_script(repo_root, tmp_path, client, volume, "echo building; sleep 120")
+    killer.join()
+    assert killed, "the job's container never ran"
+    assert result.exit_code == 137
+    assert "cell cpu failed" in result.error and "killed by SIGKILL" in result.error
+    assert str(tmp_path / "artifacts" / "cpu" / "cell.log") in result.error
+    assert client.containers.list(all=True, filters={"label": LABEL, "name": killed[0]}) == []
 
 
 def assert_container_removed(client: Any, log: str) -> None:
