@@ -404,6 +404,8 @@ def build_env(
 def build_wheel(layout: Layout, env: Mapping[str, str]) -> Path:
     if layout.dist.exists():
         shutil.rmtree(layout.dist)
+    if shutil.which("ccache", path=env.get("PATH")) and "CCACHE_DIR" in env:
+        run(["ccache", "-z"], env)  # the statistics printed at the end are this build's
     must_run(
         [
             venv_python(layout.run_venv),
