@@ -77,8 +77,8 @@ def clean_caches(clone: Path) -> None:
 
 def render(results: dict[str, dict]) -> str:
     head = (
-        f"{'scenario':<14} {'ok':<3} {'wall s':>7} {'image':>6} {'wheels':>6} {'env s':>6} {'build s':>8} "
-        f"{'tests s':>8} {'TUs':>4} {'ccache':>8}"
+        f"{'scenario':<14} {'ok':<3} {'wall s':>7} {'image':>6} {'wheels':>6} {'env s':>6} "
+        f"{'build s':>8} {'tests s':>8} {'TUs':>4} {'ccache':>8}"
     )
     lines = [head, "-" * len(head)]
     for name, r in results.items():
