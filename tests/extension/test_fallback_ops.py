@@ -240,3 +240,21 @@ def test_backward_pass(placement):
     assert_matches(rx.grad, x_cpu.grad)
     assert_matches(rw.grad, w_cpu.grad)
     assert_fell_back("aten::cos.out", placement.target)
+
+
+def test_lazy_clone_is_copy_on_write(placement):
+    x = relay(torch.arange(6.0))
+    clone = torch._lazy_clone(x)
+    clone.add_(1)
+    other = torch._lazy_clone(x)
+    x.mul_(2)
+    assert_matches(clone, torch.arange(6.0) + 1)
+    assert_matches(other, torch.arange(6.0))
+    assert_matches(x, torch.arange(6.0) * 2)
+
+
+def test_storage_clone(placement):
+    x = relay(torch.arange(5.0))
+    copy = x.untyped_storage().clone()
+    assert copy.device.type == "relay"
+    assert_matches(torch.empty(0, device="relay").set_(copy), torch.arange(5.0))

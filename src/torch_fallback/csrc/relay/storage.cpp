@@ -6,7 +6,9 @@
 #include <ATen/ops/from_blob.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/COW.h>
 
 #include "../cuda_access.h"
 #include "relay.h"
@@ -43,21 +45,38 @@ c10::DataPtr allocate_on(Home home, c10::DeviceIndex index, size_t nbytes) {
   return {cuda_memory->get(), cuda_memory, &free_cuda, relay_device(index)};
 }
 
+// The device whose memory `ptr` points into: a GPU's, or the host's.
+c10::Device device_of_pointer(const void* ptr) {
+  if (cuda::device_count() == 0) return c10::Device(c10::kCPU);
+  try {
+    return at::detail::getCUDAHooks().getDeviceFromPtr(const_cast<void*>(ptr));
+  } catch (const c10::Error&) {
+    return c10::Device(c10::kCPU);  // host memory, unknown to CUDA
+  }
+}
+
+at::Tensor bytes_at(const void* ptr, size_t count, c10::Device device) {
+  return at::from_blob(const_cast<void*>(ptr), {static_cast<int64_t>(count)},
+                       at::TensorOptions().dtype(at::kByte).device(device));
+}
+
 class RelayAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override {
     return allocate_on(current_home(), current_device(), nbytes);
   }
 
+  // Raw copies (storage clones, copy-on-write materialization) between any two
+  // homes: the pointers say where each side lives.
   void copy_data(void* dest, const void* src, size_t count) const override {
-    if (current_home() == Home::Host) {
+    if (count == 0) return;
+    const c10::Device to = device_of_pointer(dest);
+    const c10::Device from = device_of_pointer(src);
+    if (to.is_cpu() && from.is_cpu()) {
       default_copy_data(dest, src, count);
       return;
     }
-    const c10::Device device(c10::kCUDA, current_device());
-    const auto bytes = at::TensorOptions().dtype(at::kByte).device(device);
-    const auto n = static_cast<int64_t>(count);
-    at::from_blob(dest, {n}, bytes).copy_(at::from_blob(const_cast<void*>(src), {n}, bytes));
+    bytes_at(dest, count, to).copy_(bytes_at(src, count, from));
   }
 };
 
@@ -83,6 +102,11 @@ std::string home_name(Home home) { return home == Home::Host ? "cpu" : "cuda"; }
 c10::Allocator* allocator() { return &g_allocator; }
 
 Home home_of(const c10::Storage& storage) {
+  if (c10::impl::cow::is_cow_data_ptr(storage.data_ptr())) {
+    // A lazy clone (torch._lazy_clone) shares its source's memory until it is
+    // written; give it its own memory, so that it has a home of its own.
+    storage.unsafeGetStorageImpl()->mutable_data_ptr();
+  }
   const auto deleter = storage.data_ptr().get_deleter();
   if (deleter == &free_cuda || deleter == &release_adopted_cuda) return Home::Cuda;
   if (deleter == &free_host || deleter == &release_adopted_host) return Home::Host;
@@ -141,10 +165,7 @@ void resize_storage_bytes(const c10::Storage& storage, size_t nbytes) {
   if (keep > 0) {
     const c10::Device device = home == Home::Host ? c10::Device(c10::kCPU)
                                                   : c10::Device(c10::kCUDA, index);
-    const auto bytes = at::TensorOptions().dtype(at::kByte).device(device);
-    const auto n = static_cast<int64_t>(keep);
-    at::from_blob(fresh.get(), {n}, bytes)
-        .copy_(at::from_blob(const_cast<void*>(storage.data()), {n}, bytes));
+    bytes_at(fresh.get(), keep, device).copy_(bytes_at(storage.data(), keep, device));
   }
   auto* impl = storage.unsafeGetStorageImpl();
   impl->set_data_ptr_noswap(std::move(fresh));
