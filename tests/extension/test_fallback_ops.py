@@ -242,8 +242,9 @@ def test_backward_pass(placement):
     assert_fell_back("aten::cos.out", placement.target)
 
 
-def test_lazy_clone_is_copy_on_write(placement):
-    x = relay(torch.arange(6.0))
+@pytest.mark.parametrize("make", [relay, lambda t: relay(t) + 0], ids=["allocated", "adopted"])
+def test_lazy_clone_is_copy_on_write(placement, make):
+    x = make(torch.arange(6.0))
     clone = torch._lazy_clone(x)
     clone.add_(1)
     other = torch._lazy_clone(x)

@@ -2,13 +2,16 @@
 // and set_. Every other op reaches the boxed fallback, registered at the end.
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/Resize.h>
+#include <ATen/ops/_lazy_clone_native.h>
 #include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/clone.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/unfold_native.h>
 #include <ATen/ops/view_as_complex_native.h>
 #include <ATen/ops/view_as_real_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/COW.h>
 #include <torch/library.h>
 
 #include "relay.h"
@@ -124,6 +127,18 @@ at::Tensor& set_empty(at::Tensor& self) {
   return set_storage(self, std::move(empty), 0, c10::SymIntArrayRef({c10::SymInt(0)}), {});
 }
 
+// Copy-on-write needs a storage whose DataPtr owns its data directly; relay's
+// CUDA-homed and adopted storages hold a context instead, so they are cloned
+// eagerly, which is what a lazy clone must behave like.
+at::Tensor lazy_clone(const at::Tensor& self) {
+  const c10::StorageImpl& storage = *self.storage().unsafeGetStorageImpl();
+  if (c10::impl::cow::has_simple_data_ptr(storage) ||
+      c10::impl::cow::is_cow_data_ptr(storage.data_ptr())) {
+    return at::native::_lazy_clone(self);
+  }
+  return at::clone(self);
+}
+
 void relay_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   boxed_fallback(backend(), op, stack);
 }
@@ -146,6 +161,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage));
   m.impl("set_.source_Tensor", TORCH_FN(set_source_tensor));
   m.impl("set_", TORCH_FN(set_empty));
+  m.impl("_lazy_clone", TORCH_FN(lazy_clone));
 
   // Ops whose composite implementations a third-party backend would otherwise
   // take: convolution's calls convolution_overrideable, which relay cannot
