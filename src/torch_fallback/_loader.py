@@ -69,13 +69,19 @@ def check_torch_version(build_info: dict, running: str | None = None) -> None:
         )
 
 
-def loaded_library(name: str) -> Path | None:
-    """Path of the loaded shared object called `name`, from /proc/self/maps."""
+def mapped_files() -> list[Path]:
+    """The files mapped into this process (shared objects among them), from /proc/self/maps."""
+    paths = set()
     for line in Path("/proc/self/maps").read_text().splitlines():
-        path = line.split(maxsplit=5)[-1]
-        if path.startswith("/") and Path(path).name == name:
-            return Path(path)
-    return None
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5].startswith("/"):
+            paths.add(Path(fields[5]))
+    return sorted(paths)
+
+
+def loaded_library(name: str) -> Path | None:
+    """Path of the loaded shared object called `name`."""
+    return next((path for path in mapped_files() if path.name == name), None)
 
 
 def promote_libc10_cuda() -> None:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 
 from . import relay, settings
-from ._loader import read_build_info, release
+from ._loader import mapped_files, read_build_info, release
 from .relay import _C
 
 
@@ -37,18 +36,8 @@ class Info:
         return self.built_torch_version != self.torch_version
 
 
-def loaded_libraries() -> list[str]:
-    """Paths of the shared objects mapped into this process."""
-    paths = set()
-    for line in Path("/proc/self/maps").read_text().splitlines():
-        fields = line.split(maxsplit=5)
-        if len(fields) == 6 and fields[5].startswith("/"):
-            paths.add(fields[5])
-    return sorted(paths)
-
-
 def cuda_stub_loaded() -> bool:
-    return any("_C_cuda_functions" in Path(path).name for path in loaded_libraries())
+    return any(path.name.startswith("_C_cuda_functions") for path in mapped_files())
 
 
 def collect() -> Info:
