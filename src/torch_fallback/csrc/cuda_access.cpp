@@ -19,13 +19,14 @@ c10::DeviceIndex device_count() {
   return built() ? c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->deviceCount() : 0;
 }
 
-void check_usable(const std::string& purpose) {
-  TORCH_CHECK(built(), "torch_fallback: ", purpose,
+void check_usable(const char* purpose, const std::string& op) {
+  TORCH_CHECK(built(), "torch_fallback: ", purpose, op.empty() ? "" : " (for " + op + ")",
               " needs CUDA, but this PyTorch (" TORCH_VERSION
               ") was built without CUDA. Use the CPU target (TORCH_FALLBACK_TARGET=cpu "
               "or auto), or install a CUDA build of PyTorch and rebuild torch-fallback "
               "against it.");
   TORCH_CHECK(device_count() > 0, "torch_fallback: ", purpose,
+              op.empty() ? "" : " (for " + op + ")",
               " needs a CUDA GPU, but no GPU is visible (PyTorch " TORCH_VERSION
               " is built with CUDA, yet torch.cuda.device_count() == 0). Run it on a "
               "machine with a GPU (check nvidia-smi and CUDA_VISIBLE_DEVICES), or use the "

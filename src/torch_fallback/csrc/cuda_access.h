@@ -13,8 +13,9 @@ namespace torch_fallback::cuda {
 bool built();
 // GPUs visible to this process; 0 without CUDA or without a GPU.
 c10::DeviceIndex device_count();
-// Throws a clear error naming what is missing when `purpose` cannot run on a GPU.
-void check_usable(const std::string& purpose);
+// Throws a clear error naming what is missing when `purpose` (for `op`, if
+// given) cannot run on a GPU. Cheap when it passes: it builds no message.
+void check_usable(const char* purpose, const std::string& op = {});
 
 c10::DeviceIndex current_device();
 void set_device(c10::DeviceIndex index);

@@ -50,8 +50,7 @@ class FallbackCall {
         stack_(stack),
         name_(schema_.operator_name().name),
         overload_(schema_.operator_name().overload_name),
-        full_name_(overload_.empty() ? name_ : name_ + "." + overload_),
-        backend_name_(c10::DeviceTypeName(backend.device_type, /*lower_case=*/true)) {}
+        full_name_(overload_.empty() ? name_ : name_ + "." + overload_) {}
 
   void run() {
     const auto start = Clock::now();
@@ -74,6 +73,11 @@ class FallbackCall {
   }
 
  private:
+  // For error messages only (TORCH_CHECK evaluates its message on failure).
+  std::string backend_name() const {
+    return c10::DeviceTypeName(backend_.device_type, /*lower_case=*/true);
+  }
+
   void finish(Clock::time_point start) {
     call_.on_cuda = target_.is_cuda();
     call_.time_ns = static_cast<uint64_t>(
@@ -86,10 +90,10 @@ class FallbackCall {
       const auto* alias = ret.alias_info();
       TORCH_CHECK_NOT_IMPLEMENTED(
           alias == nullptr || alias->isWrite(), "torch_fallback: ", full_name_,
-          " returns a view of its input, which a boxed fallback cannot give ", backend_name_,
+          " returns a view of its input, which a boxed fallback cannot give ", backend_name(),
           ": its result would be a copy that no longer shares memory with the input. Register a "
           "native ",
-          backend_name_, " kernel for ", full_name_, " (as relay has for view and as_strided).");
+          backend_name(), " kernel for ", full_name_, " (as relay has for view and as_strided).");
     }
   }
 
@@ -102,16 +106,16 @@ class FallbackCall {
         return;
       }
       TORCH_CHECK(*backend_index_ == device.index(), "torch_fallback: ", full_name_,
-                  " got tensors on ", backend_name_, ":", static_cast<int>(*backend_index_),
+                  " got tensors on ", backend_name(), ":", static_cast<int>(*backend_index_),
                   " and on ", device, "; move them to one device first.");
       return;
     }
     // TensorIterator takes 0-dim CPU tensors as scalars on any device.
     TORCH_CHECK(device.is_cpu() && tensor.dim() == 0, "torch_fallback: ", full_name_,
-                " got a tensor on ", device, " together with ", backend_name_,
-                " tensors; all its tensors must be on ", backend_name_,
+                " got a tensor on ", device, " together with ", backend_name(),
+                " tensors; all its tensors must be on ", backend_name(),
                 " (0-dim CPU tensors excepted). Move it there first, e.g. with .to('",
-                backend_name_, "').");
+                backend_name(), "').");
   }
 
   void find_backend_device() {
@@ -137,7 +141,11 @@ class FallbackCall {
   }
 
   void choose_target() {
-    Target wanted = forced_to_cpu(name_, overload_) ? Target::Cpu : target();
+    Target wanted = forced_to_cpu(name_, full_name_) ? Target::Cpu : target();
+    if (wanted == Target::Cpu) {
+      target_ = c10::Device(c10::kCPU);
+      return;
+    }
     // Computed: a composite kernel (convolution's, say) serves CUDA too.
     const bool has_cuda_kernel = op_.hasComputedKernelForDispatchKey(c10::DispatchKey::CUDA);
     if (wanted == Target::Auto) {
@@ -147,14 +155,14 @@ class FallbackCall {
       target_ = c10::Device(c10::kCPU);
       return;
     }
-    cuda::check_usable("the CUDA fallback target (for " + full_name_ + ")");
+    cuda::check_usable("the CUDA fallback target", full_name_);
     TORCH_CHECK_NOT_IMPLEMENTED(
         has_cuda_kernel, "torch_fallback: ", full_name_,
         " has no CUDA kernel in this PyTorch, so the CUDA fallback target cannot serve it. Use "
         "the 'auto' target, which runs such ops on the CPU, or put the op on the CPU op list "
         "(TORCH_FALLBACK_CPU_OPS or torch_fallback.set_cpu_ops).");
     const c10::DeviceIndex index = backend_index();
-    TORCH_CHECK(index < cuda::device_count(), "torch_fallback: ", backend_name_, ":",
+    TORCH_CHECK(index < cuda::device_count(), "torch_fallback: ", backend_name(), ":",
                 static_cast<int>(index), " runs its CUDA fallback on cuda:", static_cast<int>(index),
                 ", but only ", static_cast<int>(cuda::device_count()), " GPU(s) are visible.");
     target_ = c10::Device(c10::kCUDA, index);
@@ -298,10 +306,10 @@ class FallbackCall {
   const c10::FunctionSchema& schema_;
   const c10::OperatorHandle& op_;
   torch::jit::Stack* stack_;
-  const std::string name_;
-  const std::string overload_;
+  // The schema outlives the call; its names are not copied.
+  const std::string& name_;
+  const std::string& overload_;
   const std::string full_name_;
-  const std::string backend_name_;
 
   std::optional<c10::DeviceIndex> backend_index_;
   c10::Device target_{c10::kCPU};

@@ -79,11 +79,9 @@ void set_cpu_ops(const std::vector<std::string>& names) {
   g_cpu_ops = {names.begin(), names.end()};
 }
 
-bool forced_to_cpu(const std::string& name, const std::string& overload) {
+bool forced_to_cpu(const std::string& name, const std::string& full_name) {
   std::lock_guard<std::mutex> lock(g_cpu_ops_mutex);
-  if (g_cpu_ops.empty()) return false;
-  if (g_cpu_ops.count(name) != 0) return true;
-  return !overload.empty() && g_cpu_ops.count(name + "." + overload) != 0;
+  return g_cpu_ops.count(name) != 0 || g_cpu_ops.count(full_name) != 0;
 }
 
 }  // namespace torch_fallback

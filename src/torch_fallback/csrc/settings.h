@@ -24,6 +24,6 @@ std::string cuda_sync_name(CudaSync mode);
 // Ops that always run on the CPU target, named "ns::op" (every overload) or "ns::op.overload".
 std::vector<std::string> cpu_ops();
 void set_cpu_ops(const std::vector<std::string>& names);  // ValueError on a malformed name
-bool forced_to_cpu(const std::string& name, const std::string& overload);
+bool forced_to_cpu(const std::string& name, const std::string& full_name);  // full: "ns::op.overload"
 
 }  // namespace torch_fallback
