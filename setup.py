@@ -20,7 +20,9 @@ except ImportError as error:  # pragma: no cover - depends on the build environm
         "without build isolation: pip wheel --no-build-isolation --no-deps ."
     ) from error
 
-CSRC = Path("src/torch_fallback/csrc")
+PACKAGE = Path("src/torch_fallback")
+CSRC = PACKAGE / "csrc"
+RELAY_CSRC = PACKAGE / "relay" / "csrc"
 BUILD_INFO = "_build_info.json"
 CXX_FLAGS = ["-O2", "-g0", "-fvisibility=hidden", "-Wall", "-Wno-unused-parameter"]
 LINK_FLAGS: list[str] = []
@@ -33,8 +35,8 @@ if os.environ.get("TORCH_FALLBACK_SANITIZE"):
     LINK_FLAGS = [sanitizer]
 
 
-def sources(*names: str) -> list[str]:
-    return [str(CSRC / name) for name in names]
+def sources(directory: Path, *names: str) -> list[str]:
+    return [str(directory / name) for name in names]
 
 
 def build_info() -> dict:
@@ -64,26 +66,43 @@ version_macros = [
     ("TORCH_FALLBACK_BUILT_CUDA", json.dumps(info["cuda_version"] or "")),
 ]
 
+# Absolute: ninja compiles from the build directory.
+PUBLIC_INCLUDE = str((PACKAGE / "include").resolve())
+
 extensions = [
+    # The library: the boxed fallback, its settings and metrics, and the
+    # public C++ API (include/torch_fallback) that backends build against.
     CppExtension(
         "torch_fallback._C",
         sources(
+            CSRC,
             "bindings.cpp",
-            "cuda_access.cpp",
+            "cuda.cpp",
             "settings.cpp",
             "metrics.cpp",
+            "op_rules.cpp",
+            "decompositions.cpp",
+            "native_kernels.cpp",
             "fallback.cpp",
-            "relay/storage.cpp",
-            "relay/device.cpp",
-            "relay/kernels.cpp",
         ),
+        include_dirs=[PUBLIC_INCLUDE],
         define_macros=version_macros,
         extra_compile_args={"cxx": CXX_FLAGS},
         extra_link_args=LINK_FLAGS,
     ),
+    # The c10::cuda stand-ins, loaded only on a PyTorch built without CUDA.
     CppExtension(
         "torch_fallback._C_cuda_functions",
-        sources("cuda_functions_stub.cpp"),
+        sources(CSRC, "cuda_functions_stub.cpp"),
+        include_dirs=[PUBLIC_INCLUDE],
+        extra_compile_args={"cxx": CXX_FLAGS},
+        extra_link_args=LINK_FLAGS,
+    ),
+    # relay, the first client: built only on the public API, like any backend.
+    CppExtension(
+        "torch_fallback.relay._C",
+        sources(RELAY_CSRC, "storage.cpp", "device.cpp", "kernels.cpp", "module.cpp"),
+        include_dirs=[PUBLIC_INCLUDE],
         extra_compile_args={"cxx": CXX_FLAGS},
         extra_link_args=LINK_FLAGS,
     ),

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 import torch_fallback
+import torch_fallback.relay
 
 SIZES = {"1K": 1 << 10, "1M": 1 << 20, "16M": 1 << 24}
 VARIANTS = ("a", "b", "b_sync", "c", "d", "e")
@@ -103,7 +104,7 @@ def configure(variant: str) -> str:
     device, target, home, sync = VARIANT_SETUP[variant]
     if target is not None:
         torch_fallback.set_target(target)
-        torch_fallback.set_relay_home(home)
+        torch_fallback.relay.set_home(home)
         torch_fallback.set_cuda_sync(sync)
     return device
 

@@ -18,6 +18,7 @@ import time
 import torch
 
 import torch_fallback
+import torch_fallback.relay
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     torch_fallback.set_target(args.target)
-    torch_fallback.set_relay_home(args.home)
+    torch_fallback.relay.set_home(args.home)
     x = torch.randn(1024).to("relay")
     out = torch.empty(1024).to("relay")
     torch_fallback.reset_metrics()

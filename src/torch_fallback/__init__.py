@@ -1,15 +1,19 @@
 """torch-fallback: a generalized boxed fallback for out-of-tree PyTorch backends.
 
-Importing it loads the extension (choosing how the c10::cuda symbols resolve),
-registers the relay device, and applies the TORCH_FALLBACK_* environment.
+Importing it loads the library (choosing how the c10::cuda symbols resolve)
+and applies the TORCH_FALLBACK_* settings. It registers no device and changes
+no torch global: a backend attaches the fallback through the C++ API
+(headers in get_include()), and `import torch_fallback.relay` registers the
+demo device relay.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch  # noqa: F401  (loads libtorch before the extension)
 
-from . import relay
-from ._device import register as _register_device
+from ._extension import _C  # noqa: F401
 from .metrics import OpMetrics, metrics, metrics_report, reset_metrics
 from .settings import (
     apply_environment,
@@ -22,29 +26,27 @@ from .settings import (
     target,
 )
 
-_register_device(relay)
 apply_environment()
 
-get_relay_home = relay.get_home
-set_relay_home = relay.set_home
-relay_home = relay.home
-
 __version__ = "0.1.0"
+
+
+def get_include() -> str:
+    """The directory of torch-fallback's C++ headers (#include <torch_fallback/fallback.h>)."""
+    return str(Path(__file__).parent / "include")
+
 
 __all__ = [
     "OpMetrics",
     "get_cpu_ops",
     "get_cuda_sync",
-    "get_relay_home",
+    "get_include",
     "get_target",
     "metrics",
     "metrics_report",
-    "relay",
-    "relay_home",
     "reset_metrics",
     "set_cpu_ops",
     "set_cuda_sync",
-    "set_relay_home",
     "set_target",
     "target",
 ]

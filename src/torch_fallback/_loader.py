@@ -9,6 +9,11 @@ put into the global symbol scope:
   privately (RTLD_LOCAL), is promoted to RTLD_GLOBAL.
 - PyTorch built without CUDA: the stub library _C_cuda_functions is loaded
   with RTLD_GLOBAL; its functions raise a clear error.
+
+_C itself is loaded with RTLD_GLOBAL too: its public C++ API (the boxed
+fallback, include/torch_fallback) is then visible to the extensions of
+backends, which load after `import torch_fallback` and leave those symbols
+undefined, as they leave torch's.
 """
 
 from __future__ import annotations
@@ -95,11 +100,12 @@ def promote_libc10_cuda() -> None:
     ctypes.CDLL(str(path), mode=os.RTLD_GLOBAL | os.RTLD_NOLOAD)
 
 
-def load_cuda_stub() -> ModuleType:
+def import_global(name: str) -> ModuleType:
+    """Import an extension module with its symbols in the global scope."""
     flags = sys.getdlopenflags()
     sys.setdlopenflags(flags | os.RTLD_GLOBAL)
     try:
-        return importlib.import_module(f"{__package__}._C_cuda_functions")
+        return importlib.import_module(name)
     finally:
         sys.setdlopenflags(flags)
 
@@ -109,5 +115,5 @@ def load_extension() -> ModuleType:
     if torch_built_with_cuda():
         promote_libc10_cuda()
     else:
-        load_cuda_stub()
-    return importlib.import_module(f"{__package__}._C")
+        import_global(f"{__package__}._C_cuda_functions")
+    return import_global(f"{__package__}._C")

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict, dataclass
 
 import torch
 
-from . import relay, settings
+from . import settings
 from ._loader import mapped_files, read_build_info, release
-from .relay import _C
+from ._extension import _C
 
 
 @dataclass(frozen=True)
@@ -22,8 +23,7 @@ class Info:
     cuda_stub_loaded: bool
     built_torch_version: str
     built_cuda_version: str | None
-    relay_home: str
-    relay_device_count: int
+    relay: dict[str, object] | None  # home and device count, when relay is registered
     fallback_target: str
     cpu_ops: list[str]
     cuda_sync: str
@@ -40,6 +40,13 @@ def cuda_stub_loaded() -> bool:
     return any(path.name.startswith("_C_cuda_functions") for path in mapped_files())
 
 
+def relay_info() -> dict[str, object] | None:
+    relay = sys.modules.get(f"{__package__}.relay")
+    if relay is None:
+        return None
+    return {"home": relay.get_home(), "device_count": relay.device_count()}
+
+
 def collect() -> Info:
     built = read_build_info()
     return Info(
@@ -52,8 +59,7 @@ def collect() -> Info:
         cuda_stub_loaded=cuda_stub_loaded(),
         built_torch_version=built["torch_version"],
         built_cuda_version=built["cuda_version"],
-        relay_home=relay.get_home(),
-        relay_device_count=relay.device_count(),
+        relay=relay_info(),
         fallback_target=settings.get_target(),
         cpu_ops=settings.get_cpu_ops(),
         cuda_sync=settings.get_cuda_sync(),
@@ -70,7 +76,12 @@ def render(info: Info) -> str:
         *(f"  {name}  {path}" for name, path in info.cuda_symbols.items()),
         f"_C built against       torch {info.built_torch_version}"
         + (f" (CUDA {info.built_cuda_version})" if info.built_cuda_version else " (no CUDA)"),
-        f"relay                  home: {info.relay_home}, devices: {info.relay_device_count}",
+        "relay                  "
+        + (
+            f"home: {info.relay['home']}, devices: {info.relay['device_count']}"
+            if info.relay
+            else "not registered (import torch_fallback.relay)"
+        ),
         f"fallback               target: {info.fallback_target}, cuda sync: {info.cuda_sync}, "
         f"cpu ops: {', '.join(info.cpu_ops) or '-'}",
     ]

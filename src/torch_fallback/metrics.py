@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .relay import _C
+from ._extension import _C
 
 
 @dataclass(frozen=True)

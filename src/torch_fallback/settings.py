@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterable, Mapping
 
 from ._scoped import scoped
-from .relay import _C, set_home
+from ._extension import _C
 
 TARGETS = ("cpu", "cuda", "auto")
 CUDA_SYNC_MODES = ("stream", "device")
@@ -64,5 +64,3 @@ def apply_environment(environ: Mapping[str, str] = os.environ) -> None:
         set_cpu_ops(name for name in names if name)
     if "TORCH_FALLBACK_CUDA_SYNC" in environ:
         set_cuda_sync(environ["TORCH_FALLBACK_CUDA_SYNC"].strip())
-    if "TORCH_FALLBACK_RELAY_HOME" in environ:
-        set_home(environ["TORCH_FALLBACK_RELAY_HOME"].strip())

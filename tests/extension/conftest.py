@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 import torch_fallback
+import torch_fallback.relay
 
 
 @dataclass(frozen=True)
@@ -37,14 +38,14 @@ def _restore_settings():
     """Every test starts from the defaults and leaves them as it found them."""
     saved = (
         torch_fallback.get_target(),
-        torch_fallback.get_relay_home(),
+        torch_fallback.relay.get_home(),
         torch_fallback.get_cpu_ops(),
         torch_fallback.get_cuda_sync(),
     )
     torch_fallback.reset_metrics()
     yield
     torch_fallback.set_target(saved[0])
-    torch_fallback.set_relay_home(saved[1])
+    torch_fallback.relay.set_home(saved[1])
     torch_fallback.set_cpu_ops(saved[2])
     torch_fallback.set_cuda_sync(saved[3])
 
@@ -53,5 +54,5 @@ def _restore_settings():
 def placement(request) -> Placement:
     chosen: Placement = request.param
     torch_fallback.set_target(chosen.target)
-    torch_fallback.set_relay_home(chosen.home)
+    torch_fallback.relay.set_home(chosen.home)
     return chosen

@@ -6,10 +6,10 @@
 #include <c10/util/Exception.h>
 #include <torch/version.h>
 
-#include "cuda_access.h"
-#include "cuda_functions.h"
+#include <torch_fallback/cuda.h>
+#include <torch_fallback/cuda_functions.h>
+
 #include "metrics.h"
-#include "relay/relay.h"
 #include "settings.h"
 
 namespace py = pybind11;
@@ -58,7 +58,7 @@ py::dict metrics_snapshot() {
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
-  m.doc() = "torch-fallback: a generalized boxed fallback and the relay device";
+  m.doc() = "torch-fallback: a generalized boxed fallback for out-of-tree backends";
   translate_c10_errors();
 
   m.attr("built_torch_version") = TORCH_FALLBACK_BUILT_TORCH;
@@ -87,11 +87,4 @@ PYBIND11_MODULE(_C, m) {
   m.def("metrics", &metrics_snapshot);
   m.def("reset_metrics", &tf::metrics::reset);
 
-  m.def("relay_set_home", [](const std::string& name) { tf::relay::set_current_home(tf::relay::parse_home(name)); });
-  m.def("relay_get_home", [] { return tf::relay::home_name(tf::relay::current_home()); });
-  m.def("relay_device_count", [] { return static_cast<int>(tf::relay::device_count()); });
-  m.def("relay_current_device", [] { return static_cast<int>(tf::relay::current_device()); });
-  m.def("relay_set_device", [](int index) { tf::relay::set_device(static_cast<c10::DeviceIndex>(index)); });
-  m.def("relay_synchronize", [](int index) { tf::relay::synchronize(static_cast<c10::DeviceIndex>(index)); },
-        py::arg("index") = -1);
 }

@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "cuda_functions.h"
+#include <torch_fallback/cuda_functions.h>
 
 namespace {
 

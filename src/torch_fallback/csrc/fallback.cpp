@@ -1,34 +1,31 @@
-#include "fallback.h"
+// The boxed fallback: generalized from at::native::cpu_fallback to a target
+// device (CPU or CUDA), zero-copy wherever a backend tensor's memory already
+// lives on the target.
+#include <torch_fallback/fallback.h>
 
 #include <chrono>
 #include <optional>
 #include <unordered_map>
+#include <unordered_set>
 
+#include <ATen/MemoryOverlap.h>
+#include <ATen/NestedTensorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/_copy_from_and_resize.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch_fallback/cuda.h>
 
-#include "cuda_access.h"
+#include "decompositions.h"
 #include "metrics.h"
+#include "op_rules.h"
 #include "settings.h"
+#include "tensors.h"
 
 namespace torch_fallback {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// A CPU or CUDA tensor over `storage` with the geometry of `like`.
-at::Tensor tensor_over(const c10::Storage& storage, c10::Device device, const at::Tensor& like) {
-  const auto key = device.is_cuda() ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU;
-  auto tensor = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage),
-                                                         c10::DispatchKeySet(key), like.dtype());
-  tensor.unsafeGetTensorImpl()->set_sizes_and_strides(like.sizes(), like.strides(),
-                                                       like.storage_offset());
-  // Lazy conjugation and negation travel as bits, not data.
-  tensor._set_conj(like.is_conj());
-  tensor._set_neg(like.is_neg());
-  return tensor;
-}
 
 uint64_t nbytes(const at::Tensor& tensor) {
   return static_cast<uint64_t>(tensor.numel()) * tensor.element_size();
@@ -39,6 +36,24 @@ bool same_geometry(const at::Tensor& a, const at::Tensor& b) {
          a.storage_offset() == b.storage_offset();
 }
 
+// Bytes [first, end) of a storage that `tensor` may touch.
+std::pair<int64_t, int64_t> byte_extent(const at::Tensor& tensor) {
+  const int64_t item = static_cast<int64_t>(tensor.element_size());
+  int64_t last = tensor.storage_offset();
+  for (int64_t d = 0; d < tensor.dim(); ++d) {
+    if (tensor.size(d) == 0) return {tensor.storage_offset() * item, tensor.storage_offset() * item};
+    last += (tensor.size(d) - 1) * tensor.stride(d);
+  }
+  return {tensor.storage_offset() * item, (last + 1) * item};
+}
+
+// Copies of the backend storages an op reads, made once per storage so that
+// arguments which alias each other on the backend alias each other on the target.
+struct StorageCopy {
+  c10::Storage storage;  // on the target
+  int64_t first_byte;    // the backend storage's byte that its byte 0 holds
+};
+
 // One run of one op through the fallback.
 class FallbackCall {
  public:
@@ -48,14 +63,12 @@ class FallbackCall {
         schema_(op.schema()),
         op_(op),
         stack_(stack),
-        name_(schema_.operator_name().name),
-        overload_(schema_.operator_name().overload_name),
-        full_name_(overload_.empty() ? name_ : name_ + "." + overload_) {}
+        rules_(op_rules(op)) {}
 
   void run() {
     const auto start = Clock::now();
     try {
-      refuse_view_returns();
+      refuse_unservable();
       find_backend_device();
       choose_target();
       std::optional<cuda::DeviceScope> cuda_scope;
@@ -73,6 +86,8 @@ class FallbackCall {
   }
 
  private:
+  const std::string& full_name() const { return rules_.full_name; }
+
   // For error messages only (TORCH_CHECK evaluates its message on failure).
   std::string backend_name() const {
     return c10::DeviceTypeName(backend_.device_type, /*lower_case=*/true);
@@ -82,18 +97,44 @@ class FallbackCall {
     call_.on_cuda = target_.is_cuda();
     call_.time_ns = static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
-    metrics::record(full_name_, call_);
+    metrics::record(full_name(), call_);
   }
 
-  void refuse_view_returns() const {
+  // Before anything runs: ops whose results a backend tensor cannot hold.
+  void refuse_unservable() const {
     for (const auto& ret : schema_.returns()) {
       const auto* alias = ret.alias_info();
       TORCH_CHECK_NOT_IMPLEMENTED(
-          alias == nullptr || alias->isWrite(), "torch_fallback: ", full_name_,
+          alias == nullptr || alias->isWrite(), "torch_fallback: ", full_name(),
           " returns a view of its input, which a boxed fallback cannot give ", backend_name(),
           ": its result would be a copy that no longer shares memory with the input. Register a "
           "native ",
-          backend_name(), " kernel for ", full_name_, " (as relay has for view and as_strided).");
+          backend_name(), " kernel for ", full_name(),
+          " (torch_fallback::register_view_kernels covers the common views).");
+    }
+    TORCH_CHECK_NOT_IMPLEMENTED(rules_.unservable_result.empty(), "torch_fallback: ",
+                                full_name(), " makes ", rules_.unservable_result,
+                                " tensors, which ", backend_name(),
+                                " tensors cannot be. Run it on CPU or CUDA tensors instead.");
+    const size_t first = stack_->size() - schema_.arguments().size();
+    for (size_t i : rules_.dtype_arguments) {
+      const c10::IValue& arg = (*stack_)[first + i];
+      if (arg.isNone()) continue;
+      const auto dtype = static_cast<c10::ScalarType>(arg.toInt());
+      TORCH_CHECK_NOT_IMPLEMENTED(!c10::isQIntType(dtype), "torch_fallback: ", full_name(),
+                                  " would make a quantized (", dtype, ") tensor, which ",
+                                  backend_name(),
+                                  " tensors cannot be. Quantize CPU or CUDA tensors instead.");
+    }
+    for (size_t i : rules_.layout_arguments) {
+      const c10::IValue& arg = (*stack_)[first + i];
+      if (arg.isNone()) continue;
+      const auto layout = static_cast<c10::Layout>(arg.toInt());
+      TORCH_CHECK_NOT_IMPLEMENTED(layout == c10::kStrided, "torch_fallback: ", full_name(),
+                                  " would make a tensor of layout ", layout, ", which ",
+                                  backend_name(),
+                                  " tensors cannot have (only torch.strided). Use CPU or CUDA "
+                                  "tensors for other layouts.");
     }
   }
 
@@ -105,32 +146,46 @@ class FallbackCall {
         backend_index_ = device.index();
         return;
       }
-      TORCH_CHECK(*backend_index_ == device.index(), "torch_fallback: ", full_name_,
+      TORCH_CHECK(*backend_index_ == device.index(), "torch_fallback: ", full_name(),
                   " got tensors on ", backend_name(), ":", static_cast<int>(*backend_index_),
                   " and on ", device, "; move them to one device first.");
       return;
     }
-    // TensorIterator takes 0-dim CPU tensors as scalars on any device.
-    TORCH_CHECK(device.is_cpu() && tensor.dim() == 0, "torch_fallback: ", full_name_,
-                " got a tensor on ", device, " together with ", backend_name(),
-                " tensors; all its tensors must be on ", backend_name(),
+    // TensorIterator takes 0-dim CPU tensors as scalars on any device, and
+    // some ops take index tensors on the CPU as CUDA does.
+    TORCH_CHECK(device.is_cpu() && (tensor.dim() == 0 || rules_.accepts_cpu_tensors),
+                "torch_fallback: ", full_name(), " got a tensor on ", device, " together with ",
+                backend_name(), " tensors; all its tensors must be on ", backend_name(),
                 " (0-dim CPU tensors excepted). Move it there first, e.g. with .to('",
                 backend_name(), "').");
   }
 
-  void find_backend_device() {
+  template <typename Visit>
+  void for_each_tensor_argument(Visit&& visit) {
     for (const auto& arg : torch::jit::last(*stack_, schema_.arguments().size())) {
       if (arg.isTensor()) {
-        check_tensor_device(arg.toTensor());
+        visit(arg.toTensor());
       } else if (arg.isTensorList()) {
-        for (const at::Tensor& tensor : arg.toTensorList()) check_tensor_device(tensor);
+        for (const at::Tensor& tensor : arg.toTensorList()) visit(tensor);
       } else if (arg.isOptionalTensorList()) {
         for (const std::optional<at::Tensor>& tensor : arg.toOptionalTensorList()) {
-          if (tensor) check_tensor_device(*tensor);
+          if (tensor) visit(*tensor);
         }
-      } else if (arg.isDevice() && arg.toDevice().type() == backend_.device_type &&
-                 !backend_index_ && arg.toDevice().has_index()) {
+      }
+    }
+  }
+
+  void find_backend_device() {
+    for_each_tensor_argument([this](const at::Tensor& tensor) {
+      check_tensor_device(tensor);
+      nested_ = nested_ || (tensor.defined() && tensor.is_nested());
+    });
+    if (backend_index_) return;
+    for (const auto& arg : torch::jit::last(*stack_, schema_.arguments().size())) {
+      if (arg.isDevice() && arg.toDevice().type() == backend_.device_type &&
+          arg.toDevice().has_index()) {
         backend_index_ = arg.toDevice().index();
+        return;
       }
     }
   }
@@ -141,31 +196,42 @@ class FallbackCall {
   }
 
   void choose_target() {
-    Target wanted = forced_to_cpu(name_, full_name_) ? Target::Cpu : target();
-    if (wanted == Target::Cpu) {
-      target_ = c10::Device(c10::kCPU);
+    Target wanted = forced_to_cpu(rules_.name, full_name()) ? Target::Cpu : target();
+    if (wanted != Target::Cpu) {
+      // Computed: a composite kernel (convolution's, say) serves CUDA too.
+      const bool has_cuda_kernel = op_.hasComputedKernelForDispatchKey(
+          nested_ ? c10::DispatchKey::NestedTensorCUDA : c10::DispatchKey::CUDA);
+      if (wanted == Target::Auto) {
+        wanted = cuda::device_count() > 0 && has_cuda_kernel ? Target::Cuda : Target::Cpu;
+      }
+      if (wanted == Target::Cuda) {
+        cuda::check_usable("the CUDA fallback target", full_name());
+        TORCH_CHECK_NOT_IMPLEMENTED(
+            has_cuda_kernel, "torch_fallback: ", full_name(),
+            " has no CUDA kernel in this PyTorch, so the CUDA fallback target cannot serve it. "
+            "Use the 'auto' target, which runs such ops on the CPU, or put the op on the CPU op "
+            "list (TORCH_FALLBACK_CPU_OPS or torch_fallback.set_cpu_ops).");
+        const c10::DeviceIndex index = backend_index();
+        TORCH_CHECK(index < cuda::device_count(), "torch_fallback: ", backend_name(), ":",
+                    static_cast<int>(index), " runs its CUDA fallback on cuda:",
+                    static_cast<int>(index), ", but only ",
+                    static_cast<int>(cuda::device_count()), " GPU(s) are visible.");
+        target_ = c10::Device(c10::kCUDA, index);
+        return;
+      }
+    }
+    target_ = c10::Device(c10::kCPU);
+    if (op_.hasComputedKernelForDispatchKey(nested_ ? c10::DispatchKey::NestedTensorCPU
+                                                    : c10::DispatchKey::CPU)) {
       return;
     }
-    // Computed: a composite kernel (convolution's, say) serves CUDA too.
-    const bool has_cuda_kernel = op_.hasComputedKernelForDispatchKey(c10::DispatchKey::CUDA);
-    if (wanted == Target::Auto) {
-      wanted = cuda::device_count() > 0 && has_cuda_kernel ? Target::Cuda : Target::Cpu;
-    }
-    if (wanted == Target::Cpu) {
-      target_ = c10::Device(c10::kCPU);
-      return;
-    }
-    cuda::check_usable("the CUDA fallback target", full_name_);
+    decomposition_ = cpu_decomposition(full_name());
     TORCH_CHECK_NOT_IMPLEMENTED(
-        has_cuda_kernel, "torch_fallback: ", full_name_,
-        " has no CUDA kernel in this PyTorch, so the CUDA fallback target cannot serve it. Use "
-        "the 'auto' target, which runs such ops on the CPU, or put the op on the CPU op list "
-        "(TORCH_FALLBACK_CPU_OPS or torch_fallback.set_cpu_ops).");
-    const c10::DeviceIndex index = backend_index();
-    TORCH_CHECK(index < cuda::device_count(), "torch_fallback: ", backend_name(), ":",
-                static_cast<int>(index), " runs its CUDA fallback on cuda:", static_cast<int>(index),
-                ", but only ", static_cast<int>(cuda::device_count()), " GPU(s) are visible.");
-    target_ = c10::Device(c10::kCUDA, index);
+        decomposition_ != nullptr, "torch_fallback: ", full_name(),
+        " has no CPU kernel in this PyTorch and torch_fallback has no decomposition for it, so "
+        "the CPU fallback target cannot serve it.",
+        cuda::device_count() > 0 ? " Use the CUDA target (TORCH_FALLBACK_TARGET=cuda or auto)."
+                                 : " It needs a CUDA build of PyTorch and a GPU.");
   }
 
   // One home storage per backend storage, so that tensors which alias each
@@ -176,20 +242,104 @@ class FallbackCall {
     return it->second;
   }
 
-  at::Tensor to_target(const at::Tensor& tensor) {
-    if (!tensor.defined() || tensor.device().type() != backend_.device_type) return tensor;
-    const c10::Device home = backend_.home_device(tensor.storage());
-    at::Tensor on_home = tensor_over(home_storage(tensor.storage()), home, tensor);
-    if (home == target_) return on_home;
+  bool is_backend(const at::Tensor& tensor) const {
+    return tensor.defined() && tensor.device().type() == backend_.device_type;
+  }
+
+  // Backend storages seen by more than one argument tensor whose home is not the target.
+  void find_shared_storages() {
+    std::unordered_map<c10::StorageImpl*, std::pair<c10::TensorImpl*, bool>> seen;
+    for_each_tensor_argument([&](const at::Tensor& tensor) {
+      if (!is_backend(tensor) || tensor.is_nested()) return;
+      auto [it, inserted] = seen.try_emplace(tensor.storage().unsafeGetStorageImpl(),
+                                             tensor.unsafeGetTensorImpl(), false);
+      if (!inserted && it->second.first != tensor.unsafeGetTensorImpl()) it->second.second = true;
+    });
+    for (const auto& [storage, entry] : seen) {
+      if (entry.second) shared_storages_.insert(storage);
+    }
+  }
+
+  // The target copy of the bytes of a shared storage that the op's arguments span.
+  const StorageCopy& storage_copy(const at::Tensor& tensor, c10::Device home) {
+    c10::StorageImpl* key = tensor.storage().unsafeGetStorageImpl();
+    auto it = storage_copies_.find(key);
+    if (it != storage_copies_.end()) return it->second;
+    int64_t first = std::numeric_limits<int64_t>::max();
+    int64_t end = 0;
+    for_each_tensor_argument([&](const at::Tensor& other) {
+      if (!is_backend(other) || other.is_nested() ||
+          other.storage().unsafeGetStorageImpl() != key) {
+        return;
+      }
+      const auto [a, b] = byte_extent(other);
+      first = std::min(first, a);
+      end = std::max(end, b);
+    });
+    first -= first % 16;  // a multiple of every element size
+    const at::Tensor home_bytes =
+        at::detail::make_tensor<c10::TensorImpl>(
+            c10::Storage(home_storage(tensor.storage())),
+            c10::DispatchKeySet(home.is_cuda() ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU),
+            caffe2::TypeMeta::Make<uint8_t>())
+            .as_strided({end - first}, {1}, first);
+    const at::Tensor on_target = home_bytes.to(target_, /*non_blocking=*/false, /*copy=*/true);
+    call_.bytes_to_target += static_cast<uint64_t>(end - first);
+    return storage_copies_.emplace(key, StorageCopy{on_target.storage(), first}).first->second;
+  }
+
+  at::Tensor copy_to_target(const at::Tensor& tensor, c10::Device home) {
+    if (shared_storages_.count(tensor.storage().unsafeGetStorageImpl()) != 0) {
+      const StorageCopy& copy = storage_copy(tensor, home);
+      const int64_t shift = copy.first_byte / static_cast<int64_t>(tensor.element_size());
+      auto on_target = tensor_over(copy.storage, target_, tensor);
+      on_target.unsafeGetTensorImpl()->set_storage_offset(tensor.storage_offset() - shift);
+      return on_target;
+    }
     call_.bytes_to_target += nbytes(tensor);
+    const at::Tensor on_home = tensor_over(home_storage(tensor.storage()), home, tensor);
     return on_home.to(at::TensorOptions().device(target_), /*non_blocking=*/false,
                       /*copy=*/true);
   }
 
+  // The target tensor for a backend tensor: one per backend tensor, so that an
+  // argument passed twice (self and out=) is one tensor to the kernel too.
+  at::Tensor to_target(const at::Tensor& tensor) {
+    if (!is_backend(tensor)) return tensor;
+    auto [it, inserted] = targets_.try_emplace(tensor.unsafeGetTensorImpl());
+    if (!inserted) return it->second;
+    if (tensor.is_nested()) {
+      it->second = map_nested_buffer(tensor, [this](const at::Tensor& buffer) {
+        return to_target(buffer);
+      });
+      return it->second;
+    }
+    const c10::Device home = backend_.home_device(tensor.storage());
+    it->second = home == target_ ? tensor_over(home_storage(tensor.storage()), home, tensor)
+                                 : copy_to_target(tensor, home);
+    return it->second;
+  }
+
   at::Tensor to_backend(const at::Tensor& tensor) {
     if (!tensor.defined()) return tensor;
+    // Outputs the target kernel keeps on the CPU (a CUDA kernel's RNG seed, say) stay there.
+    if (tensor.device() != target_) return tensor;
+    if (tensor.is_nested()) {
+      return map_nested_buffer(tensor, [this](const at::Tensor& buffer) {
+        return to_backend(buffer);
+      });
+    }
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        tensor.layout() == c10::kStrided && !tensor.is_quantized(), "torch_fallback: ",
+        full_name(), " returned a ", tensor.is_quantized() ? "quantized" : "non-strided",
+        " tensor (", tensor.toString(), "), which ", backend_name(),
+        " tensors cannot be. Run it on CPU or CUDA tensors instead.");
     const c10::DeviceIndex index = backend_index();
     const c10::Device home = backend_.output_home(index);
+    if (tensor._is_zerotensor()) {
+      // A zero tensor has no memory; a backend tensor needs some.
+      return backend_.adopt(at::zeros(tensor.sizes(), tensor.options().device(home)), index);
+    }
     if (tensor.device() == home) return backend_.adopt(tensor, index);
     call_.bytes_from_target += nbytes(tensor);
     return backend_.adopt(
@@ -198,6 +348,7 @@ class FallbackCall {
   }
 
   void move_arguments_to_target() {
+    find_shared_storages();
     const size_t num_args = schema_.arguments().size();
     const size_t first = stack_->size() - num_args;
     originals_.assign(stack_->begin() + first, stack_->end());
@@ -224,9 +375,13 @@ class FallbackCall {
 
   void call_op() {
     try {
-      op_.callBoxed(stack_);
+      if (decomposition_ != nullptr) {
+        decomposition_(op_, stack_);
+      } else {
+        op_.callBoxed(stack_);
+      }
     } catch (c10::Error& error) {
-      error.add_context("torch_fallback: raised by " + full_name_ + " on the " +
+      error.add_context("torch_fallback: raised by " + full_name() + " on the " +
                         c10::DeviceTypeName(target_.type(), /*lower_case=*/true) +
                         " fallback target");
       throw;
@@ -235,18 +390,29 @@ class FallbackCall {
   }
 
   // Makes `original` (a backend tensor) hold what the op wrote into `written`.
-  void write_back(const at::Tensor& written, const at::Tensor& original) {
-    if (!original.defined() || original.device().type() != backend_.device_type) return;
+  void write_back(const at::Tensor& written, const at::Tensor& original, bool may_resize) {
+    if (!is_backend(original) || !written.defined()) return;
+    if (original.is_nested()) return;  // nested tensors are never mutated in place here
     const auto it = home_storages_.find(original.storage().unsafeGetStorageImpl());
-    const bool shares_memory = it != home_storages_.end() && written.defined() &&
+    const bool shares_memory = it != home_storages_.end() &&
                                written.storage().is_alias_of(it->second) &&
                                written.storage().data() == original.storage().data();
+    if (!same_geometry(written, original)) {
+      // Eager never resizes an in-place op's self; the target kernel did not either
+      // unless the op is wrong for this input, so refuse rather than change it.
+      TORCH_CHECK(may_resize, "torch_fallback: ", full_name(), " would change the shape of ",
+                  "its in-place argument from ", original.sizes(), " to ", written.sizes(),
+                  "; an in-place op never resizes its input. Use the out-of-place op instead.");
+    }
     if (shares_memory) {
-      // Written in place; an out= argument may still have been resized within its capacity.
+      // Written in place; an out= argument may still have been resized within its
+      // capacity, or given a lazy conjugation (linalg_lu_solve's, for left=False).
       if (!same_geometry(written, original)) {
         original.unsafeGetTensorImpl()->set_sizes_and_strides(written.sizes(), written.strides(),
                                                               written.storage_offset());
       }
+      if (written.is_conj() != original.is_conj()) original._set_conj(written.is_conj());
+      if (written.is_neg() != original.is_neg()) original._set_neg(written.is_neg());
       return;
     }
     if (written.device() != backend_.home_device(original.storage())) {
@@ -255,21 +421,52 @@ class FallbackCall {
     at::_copy_from_and_resize(written, original);
   }
 
+  void write_back_argument(size_t i, bool may_resize) {
+    const c10::IValue& original = originals_[i];
+    const c10::IValue& written = on_target_[i];
+    if (original.isTensor()) {
+      write_back(written.toTensor(), original.toTensor(), may_resize);
+    } else if (original.isTensorList()) {
+      const auto originals = original.toTensorList();
+      const auto writtens = written.toTensorList();
+      for (size_t j = 0; j < originals.size(); ++j) {
+        write_back(writtens[j], originals[j], may_resize);
+      }
+    } else if (original.isOptionalTensorList()) {
+      const auto originals = original.toOptionalTensorList();
+      const auto writtens = written.toOptionalTensorList();
+      for (size_t j = 0; j < originals.size(); ++j) {
+        const std::optional<at::Tensor> a = originals[j];
+        const std::optional<at::Tensor> b = writtens[j];
+        if (a && b) write_back(*b, *a, may_resize);
+      }
+    }
+  }
+
+  bool is_also_an_input(size_t i) const {
+    if (!originals_[i].isTensor()) return false;
+    const c10::TensorImpl* impl = originals_[i].toTensor().unsafeGetTensorImpl();
+    for (size_t j = 0; j < originals_.size(); ++j) {
+      if (j != i && originals_[j].isTensor() &&
+          originals_[j].toTensor().unsafeGetTensorImpl() == impl) {
+        return true;
+      }
+    }
+    return false;
+  }
+
   void write_back_mutated_arguments() {
     const auto& args = schema_.arguments();
     for (size_t i = 0; i < args.size(); ++i) {
       const auto* alias = args[i].alias_info();
-      if (alias == nullptr || !alias->isWrite()) continue;
-      const c10::IValue& original = originals_[i];
-      const c10::IValue& written = on_target_[i];
-      if (original.isTensor()) {
-        write_back(written.toTensor(), original.toTensor());
-      } else if (original.isTensorList()) {
-        const auto originals = original.toTensorList();
-        const auto writtens = written.toTensorList();
-        for (size_t j = 0; j < originals.size(); ++j) write_back(writtens[j], originals[j]);
+      if (alias != nullptr && alias->isWrite()) {
+        // out= arguments may be resized; an in-place op's self may not, nor an
+        // out= argument that is also an input (an in-place op calling its out= form).
+        write_back_argument(i, args[i].is_out() && !is_also_an_input(i));
       }
     }
+    // Arguments that kernels write although the schema does not say so.
+    for (size_t i : rules_.hidden_mutations) write_back_argument(i, /*may_resize=*/false);
   }
 
   const c10::IValue& mutated_argument_for(const c10::AliasInfo& ret_alias) const {
@@ -280,7 +477,7 @@ class FallbackCall {
         return originals_[i];
       }
     }
-    TORCH_INTERNAL_ASSERT(false, "torch_fallback: ", full_name_,
+    TORCH_INTERNAL_ASSERT(false, "torch_fallback: ", full_name(),
                           " returns a mutated alias that matches none of its arguments");
   }
 
@@ -306,20 +503,42 @@ class FallbackCall {
   const c10::FunctionSchema& schema_;
   const c10::OperatorHandle& op_;
   torch::jit::Stack* stack_;
-  // The schema outlives the call; its names are not copied.
-  const std::string& name_;
-  const std::string& overload_;
-  const std::string full_name_;
+  const OpRules& rules_;
 
   std::optional<c10::DeviceIndex> backend_index_;
+  bool nested_ = false;  // a nested tensor among the arguments
   c10::Device target_{c10::kCPU};
+  Decomposition decomposition_ = nullptr;
   std::unordered_map<c10::StorageImpl*, c10::Storage> home_storages_;
+  std::unordered_set<c10::StorageImpl*> shared_storages_;
+  std::unordered_map<c10::StorageImpl*, StorageCopy> storage_copies_;
+  std::unordered_map<c10::TensorImpl*, at::Tensor> targets_;
   std::vector<c10::IValue> originals_;
   std::vector<c10::IValue> on_target_;
   metrics::Call call_;
 };
 
 }  // namespace
+
+at::Tensor tensor_over(const c10::Storage& storage, c10::Device device, const at::Tensor& like) {
+  const auto key = device.is_cuda() ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU;
+  auto tensor = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage),
+                                                         c10::DispatchKeySet(key), like.dtype());
+  tensor.unsafeGetTensorImpl()->set_sizes_and_strides(like.sizes(), like.strides(),
+                                                       like.storage_offset());
+  // Lazy conjugation and negation travel as bits, not data.
+  tensor._set_conj(like.is_conj());
+  tensor._set_neg(like.is_neg());
+  return tensor;
+}
+
+at::Tensor map_nested_buffer(const at::Tensor& nested,
+                             const std::function<at::Tensor(const at::Tensor&)>& map) {
+  const auto* impl = at::native::get_nested_tensor_impl(nested);
+  return at::detail::make_tensor<at::native::NestedTensorImpl>(
+      map(impl->get_unsafe_storage_as_tensor()), impl->get_nested_sizes(),
+      impl->get_nested_strides(), impl->get_storage_offsets());
+}
 
 void boxed_fallback(const BackendAdapter& backend, const c10::OperatorHandle& op,
                     torch::jit::Stack* stack) {
@@ -329,6 +548,26 @@ void boxed_fallback(const BackendAdapter& backend, const c10::OperatorHandle& op
 at::Tensor home_view(const BackendAdapter& backend, const at::Tensor& tensor) {
   return tensor_over(backend.home_storage(tensor.storage()), backend.home_device(tensor.storage()),
                      tensor);
+}
+
+void copy_between(const BackendAdapter& backend, const at::Tensor& src, const at::Tensor& dst,
+                  bool non_blocking) {
+  const auto on_home = [&](const at::Tensor& tensor) {
+    return tensor.device().type() == backend.device_type ? home_view(backend, tensor) : tensor;
+  };
+  if (src.device().type() == backend.device_type && dst.device().type() == backend.device_type &&
+      src.storage().is_alias_of(dst.storage())) {
+    // The home views are separate storages, so eager's overlap checks would not see this.
+    if (src.is_same(dst) || same_geometry(src, dst)) {
+      if (src.dtype() == dst.dtype() && src.is_conj() == dst.is_conj() &&
+          src.is_neg() == dst.is_neg()) {
+        return;
+      }
+    }
+    at::assert_no_internal_overlap(dst);
+    at::assert_no_partial_overlap(dst, src);
+  }
+  on_home(dst).copy_(on_home(src), non_blocking);
 }
 
 }  // namespace torch_fallback

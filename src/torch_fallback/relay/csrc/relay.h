@@ -9,13 +9,13 @@
 
 #include <string>
 
-#include "../fallback.h"
+#include <torch_fallback/fallback.h>
 
 namespace torch_fallback::relay {
 
 enum class Home { Host, Cuda };
 
-// Home of new allocations (TORCH_FALLBACK_RELAY_HOME, torch_fallback.set_relay_home).
+// Home of new allocations (TORCH_FALLBACK_RELAY_HOME, torch_fallback.relay.set_home).
 Home current_home();
 void set_current_home(Home home);
 Home parse_home(const std::string& name);  // "cpu" | "cuda", else ValueError

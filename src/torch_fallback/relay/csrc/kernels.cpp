@@ -1,15 +1,10 @@
-// The only ops relay implements natively: allocation, copies, resize, views
-// and set_. Every other op reaches the boxed fallback, registered at the end.
+// The only ops relay implements itself: allocation, resize, set_ and lazy
+// clones. Views and copies come from torch-fallback's public API, and every
+// other op reaches the boxed fallback, registered at the end.
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/_lazy_clone_native.h>
-#include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/clone.h>
-#include <ATen/ops/_reshape_alias_native.h>
-#include <ATen/ops/unfold_native.h>
-#include <ATen/ops/view_as_complex_native.h>
-#include <ATen/ops/view_as_real_native.h>
-#include <ATen/ops/view_native.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/COW.h>
 #include <torch/library.h>
@@ -38,23 +33,6 @@ at::Tensor empty_strided(c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
       c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::dtype_or_default(dtype));
 }
 
-at::Tensor on_home(const at::Tensor& tensor) {
-  return tensor.device().type() == c10::DeviceType::PrivateUse1 ? home_view(backend(), tensor)
-                                                                 : tensor;
-}
-
-// Copies between relay and CPU, CUDA or relay: each relay side is seen as the
-// CPU or CUDA tensor sharing its memory, and the copy runs there.
-at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
-  on_home(dst).copy_(on_home(self), non_blocking);
-  return dst;
-}
-
-at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
-  dst.resize_(self.sizes());
-  return copy_from(self, dst, /*non_blocking=*/false);
-}
-
 const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
                           std::optional<at::MemoryFormat> memory_format) {
   auto* impl = self.unsafeGetTensorImpl();
@@ -67,27 +45,6 @@ const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
     resize_storage_bytes(self.storage(), needed);
   }
   return self;
-}
-
-at::Tensor as_strided(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
-                      std::optional<c10::SymInt> storage_offset) {
-  return at::native::as_strided_tensorimpl(
-      self, C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride),
-      storage_offset ? std::optional<int64_t>(storage_offset->expect_int()) : std::nullopt);
-}
-
-at::Tensor view(const at::Tensor& self, c10::SymIntArrayRef size) {
-  return at::native::view(self, C10_AS_INTARRAYREF_SLOW(size));
-}
-
-at::Tensor reshape_alias(const at::Tensor& self, c10::SymIntArrayRef size,
-                         c10::SymIntArrayRef stride) {
-  return at::native::_reshape_alias(self, C10_AS_INTARRAYREF_SLOW(size),
-                                    C10_AS_INTARRAYREF_SLOW(stride));
-}
-
-at::Tensor unfold(const at::Tensor& self, int64_t dimension, int64_t size, int64_t step) {
-  return at::native::unfold(self, dimension, size, step);
 }
 
 at::Tensor& set_storage(at::Tensor& self, at::Storage source, c10::SymInt storage_offset,
@@ -139,55 +96,26 @@ at::Tensor lazy_clone(const at::Tensor& self) {
   return at::clone(self);
 }
 
-void relay_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  boxed_fallback(backend(), op, stack);
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  torch_fallback::register_kernels<&backend>(m);
   m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
   m.impl("empty_strided", TORCH_FN(empty_strided));
-  m.impl("_copy_from", TORCH_FN(copy_from));
-  m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
   m.impl("resize_", TORCH_FN(resize_));
-  m.impl("as_strided", TORCH_FN(as_strided));
-  m.impl("view", TORCH_FN(view));
-  m.impl("_reshape_alias", TORCH_FN(reshape_alias));
-  m.impl("unfold", TORCH_FN(unfold));
-  m.impl("view_as_real", TORCH_FN(at::native::view_as_real));
-  m.impl("view_as_complex", TORCH_FN(at::native::view_as_complex));
   m.impl("set_.source_Storage", TORCH_FN(set_source_storage));
   m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage));
   m.impl("set_.source_Tensor", TORCH_FN(set_source_tensor));
   m.impl("set_", TORCH_FN(set_empty));
   m.impl("_lazy_clone", TORCH_FN(lazy_clone));
-
-  // Ops whose composite implementations a third-party backend would otherwise
-  // take: convolution's calls convolution_overrideable, which relay cannot
-  // serve; the norms' compute differently from the CPU and CUDA kernels;
-  // _euclidean_dist (cdist's) would cost one fallback call per op it is made
-  // of. Sent to the fallback whole, they run as on the target device.
-  for (const char* name : {"convolution", "convolution_backward", "native_layer_norm",
-                           "native_layer_norm_backward", "native_group_norm",
-                           "native_group_norm_backward", "_euclidean_dist"}) {
-    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&relay_fallback>());
-  }
-}
-
-// _copy_from sees the conjugate and negative bits itself (the copy on the home
-// device resolves them). Without these, the math-bit fallbacks would resolve
-// them with clone(), which copies through _copy_from again, forever.
-TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
-  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
-}
-
-TORCH_LIBRARY_IMPL(aten, Negative, m) {
-  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&relay_fallback>());
+  m.fallback(torch_fallback::boxed_fallback_for<&backend>());
+}
+
+TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
+  m.fallback(torch_fallback::boxed_fallback_for<&backend>());
 }
 
 }  // namespace torch_fallback::relay

@@ -1,11 +1,11 @@
-#include "cuda_access.h"
+#include <torch_fallback/cuda.h>
 
 #include <dlfcn.h>
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
-#include "cuda_functions.h"
+#include <torch_fallback/cuda_functions.h>
 
 namespace torch_fallback::cuda {
 

@@ -6,7 +6,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
-#include "../cuda_access.h"
+#include <torch_fallback/cuda.h>
 #include "relay.h"
 
 namespace torch_fallback::relay {

@@ -4,34 +4,36 @@
 // missing instead of letting the CUDA runtime answer with a driver error.
 #include <c10/core/Device.h>
 
+#include "api.h"
+
 #include <string>
 #include <vector>
 
 namespace torch_fallback::cuda {
 
 // libc10_cuda.so is loaded (PyTorch was built with CUDA), GPU or not.
-bool built();
+TORCH_FALLBACK_API bool built();
 // GPUs visible to this process; 0 without CUDA or without a GPU.
-c10::DeviceIndex device_count();
+TORCH_FALLBACK_API c10::DeviceIndex device_count();
 // Throws a clear error naming what is missing when `purpose` (for `op`, if
 // given) cannot run on a GPU. Cheap when it passes: it builds no message.
-void check_usable(const char* purpose, const std::string& op = {});
+TORCH_FALLBACK_API void check_usable(const char* purpose, const std::string& op = {});
 
-c10::DeviceIndex current_device();
-void set_device(c10::DeviceIndex index);
-void device_synchronize();
+TORCH_FALLBACK_API c10::DeviceIndex current_device();
+TORCH_FALLBACK_API void set_device(c10::DeviceIndex index);
+TORCH_FALLBACK_API void device_synchronize();
 
 // Calls c10::cuda::current_device() with no check: on a CPU-only PyTorch this
 // reaches the stub library and raises its error.
-c10::DeviceIndex current_device_unchecked();
+TORCH_FALLBACK_API c10::DeviceIndex current_device_unchecked();
 
 // Mangled names of the c10::cuda functions torch-fallback calls.
-std::vector<std::string> symbol_names();
+TORCH_FALLBACK_API std::vector<std::string> symbol_names();
 // Path of the shared object whose definition of `symbol` _C resolved to (dladdr).
-std::string symbol_provider(const std::string& symbol);
+TORCH_FALLBACK_API std::string symbol_provider(const std::string& symbol);
 
 // Sets the current CUDA device for a scope and restores the caller's on exit.
-class DeviceScope {
+class TORCH_FALLBACK_API DeviceScope {
  public:
   explicit DeviceScope(c10::DeviceIndex index);
   ~DeviceScope();

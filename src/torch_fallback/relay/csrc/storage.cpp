@@ -10,7 +10,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/COW.h>
 
-#include "../cuda_access.h"
+#include <torch_fallback/cuda.h>
 #include "relay.h"
 
 namespace torch_fallback::relay {
@@ -94,7 +94,7 @@ Home parse_home(const std::string& name) {
   if (name == "cuda") return Home::Cuda;
   TORCH_CHECK_VALUE(false, "torch_fallback: unknown relay home '", name,
                     "'; valid homes are 'cpu' (host memory) and 'cuda' (GPU memory) "
-                    "(TORCH_FALLBACK_RELAY_HOME or torch_fallback.set_relay_home).");
+                    "(TORCH_FALLBACK_RELAY_HOME or torch_fallback.relay.set_home).");
 }
 
 std::string home_name(Home home) { return home == Home::Host ? "cpu" : "cuda"; }

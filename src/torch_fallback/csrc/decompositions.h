@@ -1,0 +1,22 @@
+#pragma once
+// CPU implementations of ops that PyTorch implements only for CUDA but picks
+// for every non-CPU device: the fused LSTM and GRU cells, which nn.LSTM,
+// nn.GRU and their cells use for PrivateUse1 tensors. They follow the CUDA
+// kernels exactly, workspace layout included, so that a forward on one
+// target and a backward on the other agree.
+#include <ATen/core/stack.h>
+
+#include <string>
+
+namespace c10 {
+class OperatorHandle;
+}
+
+namespace torch_fallback {
+
+using Decomposition = void (*)(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// The CPU decomposition of `full_name` ("aten::op.overload"), or nullptr.
+Decomposition cpu_decomposition(const std::string& full_name);
+
+}  // namespace torch_fallback

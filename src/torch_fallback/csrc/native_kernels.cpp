@@ -1,0 +1,108 @@
+// Kernels every backend needs natively and that depend on no backend's memory:
+// metadata-only views, and the list of ops sent to the fallback whole.
+#include <torch_fallback/fallback.h>
+
+#include <mutex>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
+#include <ATen/ops/view_native.h>
+
+namespace torch_fallback {
+namespace {
+
+at::Tensor as_strided(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
+                      std::optional<c10::SymInt> storage_offset) {
+  return at::native::as_strided_tensorimpl(
+      self, C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride),
+      storage_offset ? std::optional<int64_t>(storage_offset->expect_int()) : std::nullopt);
+}
+
+at::Tensor view(const at::Tensor& self, c10::SymIntArrayRef size) {
+  return at::native::view(self, C10_AS_INTARRAYREF_SLOW(size));
+}
+
+at::Tensor reshape_alias(const at::Tensor& self, c10::SymIntArrayRef size,
+                         c10::SymIntArrayRef stride) {
+  return at::native::_reshape_alias(self, C10_AS_INTARRAYREF_SLOW(size),
+                                    C10_AS_INTARRAYREF_SLOW(stride));
+}
+
+at::Tensor unfold(const at::Tensor& self, int64_t dimension, int64_t size, int64_t step) {
+  return at::native::unfold(self, dimension, size, step);
+}
+
+}  // namespace
+
+void register_view_kernels(torch::Library& aten) {
+  aten.impl("as_strided", TORCH_FN(as_strided));
+  aten.impl("view", TORCH_FN(view));
+  aten.impl("_reshape_alias", TORCH_FN(reshape_alias));
+  aten.impl("unfold", TORCH_FN(unfold));
+  aten.impl("view_as_real", TORCH_FN(at::native::view_as_real));
+  aten.impl("view_as_complex", TORCH_FN(at::native::view_as_complex));
+}
+
+// Ops with their own CPU kernel and a composite one that other devices take:
+// the composite may check less (addr_ on a 0-dim self) or compute differently.
+std::vector<std::string> ops_with_cpu_and_composite_kernels() {
+  std::vector<std::string> names;
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    const auto op = dispatcher.findOp(name);
+    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+        !(op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+          op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional))) {
+      continue;
+    }
+    const std::string bare = name.name.substr(6);
+    names.push_back(name.overload_name.empty() ? bare : bare + "." + name.overload_name);
+  }
+  return names;
+}
+
+const std::vector<std::string>& ops_run_whole() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> names{
+        // convolution's composite kernel calls convolution_overrideable.
+        "convolution", "convolution_backward",
+        // The composite norms compute differently from the CPU and CUDA kernels.
+        "native_layer_norm_backward", "native_group_norm_backward",
+        // cdist's: one fallback call instead of one per op it is made of.
+        "_euclidean_dist",
+        // Composite kernels that call a DispatchStub directly, which has no
+        // entry for a third-party device.
+        "conj_physical_",
+    };
+    for (auto& name : ops_with_cpu_and_composite_kernels()) names.push_back(std::move(name));
+    return names;
+  }();
+  return names;
+}
+
+namespace detail {
+
+void register_math_bit_fallthroughs() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // Without these, the math-bit fallbacks would resolve the bits with
+    // clone(), which copies through _copy_from again, forever (or writes into
+    // a clone that nobody reads, for _copy_from_and_resize's destination).
+    for (const auto key : {c10::DispatchKey::Conjugate, c10::DispatchKey::Negative}) {
+      static std::vector<std::unique_ptr<torch::Library>> libraries;
+      auto& library = libraries.emplace_back(std::make_unique<torch::Library>(
+          torch::Library::IMPL, "aten", key, __FILE__, __LINE__));
+      library->impl("_copy_from", torch::CppFunction::makeFallthrough());
+      library->impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+    }
+  });
+}
+
+}  // namespace detail
+}  // namespace torch_fallback

@@ -1,0 +1,87 @@
+#include "op_rules.h"
+
+#include <memory>
+#include <unordered_map>
+#include <utility>
+
+namespace torch_fallback {
+namespace {
+
+// Kernels that write arguments their schemas do not mark as mutable. A
+// zero-copy fallback sees those writes; a copying one must copy them back.
+const std::unordered_map<std::string, std::vector<std::string>>& hidden_mutation_table() {
+  static const std::unordered_map<std::string, std::vector<std::string>> table{
+      {"aten::native_batch_norm", {"running_mean", "running_var"}},
+      {"aten::_batch_norm_impl_index", {"running_mean", "running_var"}},
+      {"aten::cudnn_batch_norm", {"running_mean", "running_var"}},
+      {"aten::miopen_batch_norm", {"running_mean", "running_var"}},
+      {"aten::batch_norm", {"running_mean", "running_var"}},
+      {"aten::instance_norm", {"running_mean", "running_var"}},
+      {"aten::_cudnn_rnn", {"dropout_state"}},
+      {"aten::rrelu_with_noise", {"noise"}},
+  };
+  return table;
+}
+
+bool starts_with(const std::string& text, const char* prefix) { return text.rfind(prefix, 0) == 0; }
+
+// Ops whose results are sparse or quantized tensors, by name.
+std::string unservable_result_of(const std::string& name) {
+  const std::string bare = name.substr(name.find("::") + 2);
+  if (bare.find("sparse") != std::string::npos && bare.find("semi_structured") == std::string::npos) {
+    return "sparse";
+  }
+  for (const char* prefix : {"quantize_per", "_make_per_", "to_mkldnn"}) {
+    if (starts_with(bare, prefix)) return bare.find("mkldnn") != std::string::npos ? "mkldnn" : "quantized";
+  }
+  return {};
+}
+
+bool indexing_op(const std::string& name) {
+  for (const char* op : {"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl",
+                         "aten::_index_put_impl_", "aten::_unsafe_index", "aten::_unsafe_index_put"}) {
+    if (name == op) return true;
+  }
+  return false;
+}
+
+std::unique_ptr<OpRules> make_rules(const c10::FunctionSchema& schema) {
+  auto rules = std::make_unique<OpRules>();
+  rules->name = schema.operator_name().name;
+  rules->overload = schema.operator_name().overload_name;
+  rules->full_name = rules->overload.empty() ? rules->name : rules->name + "." + rules->overload;
+  const auto& args = schema.arguments();
+  const auto& table = hidden_mutation_table();
+  if (const auto it = table.find(rules->name); it != table.end()) {
+    for (const auto& arg_name : it->second) {
+      const auto index = schema.argumentIndexWithName(arg_name);
+      if (!index) continue;
+      const auto* alias = args[*index].alias_info();
+      if (alias == nullptr || !alias->isWrite()) rules->hidden_mutations.push_back(*index);
+    }
+  }
+  for (size_t i = 0; i < args.size(); ++i) {
+    const auto& type = args[i].real_type();
+    const auto kind = type->kind() == c10::TypeKind::OptionalType
+                          ? type->expectRef<c10::OptionalType>().getElementType()->kind()
+                          : type->kind();
+    if (kind == c10::TypeKind::ScalarTypeType) rules->dtype_arguments.push_back(i);
+    if (kind == c10::TypeKind::LayoutType) rules->layout_arguments.push_back(i);
+  }
+  rules->unservable_result = unservable_result_of(rules->name);
+  rules->accepts_cpu_tensors = indexing_op(rules->name);
+  return rules;
+}
+
+}  // namespace
+
+const OpRules& op_rules(const c10::OperatorHandle& op) {
+  // Per thread, so that the hot path takes no lock; schemas live as long as the process.
+  thread_local std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<OpRules>> cache;
+  const c10::FunctionSchema& schema = op.schema();
+  auto& rules = cache[&schema];
+  if (!rules) rules = make_rules(schema);
+  return *rules;
+}
+
+}  // namespace torch_fallback

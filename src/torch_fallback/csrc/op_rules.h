@@ -1,0 +1,32 @@
+#pragma once
+// What the fallback must know about an op beyond its schema, worked out once
+// per op: arguments its kernels write without the schema saying so, results a
+// backend tensor cannot hold, arguments that may stay on the CPU.
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <string>
+#include <vector>
+
+namespace torch_fallback {
+
+struct OpRules {
+  std::string name;       // "aten::add"
+  std::string overload;   // "Tensor"
+  std::string full_name;  // "aten::add.Tensor"
+  // Arguments that kernels mutate although the schema does not mark them (a!):
+  // native_batch_norm's running statistics, for instance.
+  std::vector<size_t> hidden_mutations;
+  // ScalarType arguments: a quantized dtype there makes a quantized result.
+  std::vector<size_t> dtype_arguments;
+  // Layout arguments: a sparse or mkldnn layout there makes such a result.
+  std::vector<size_t> layout_arguments;
+  // The op makes sparse or quantized tensors whatever its arguments; empty if not.
+  std::string unservable_result;
+  // Index tensors may stay on the CPU, as CUDA allows for indexing.
+  bool accepts_cpu_tensors = false;
+};
+
+// The rules of `op`; cached, cheap after the first call of each op on a thread.
+const OpRules& op_rules(const c10::OperatorHandle& op);
+
+}  // namespace torch_fallback

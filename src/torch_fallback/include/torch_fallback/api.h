@@ -1,0 +1,8 @@
+#pragma once
+// Symbols of torch-fallback's public C++ API.
+//
+// torch_fallback/_C exports them and `import torch_fallback` loads it with
+// RTLD_GLOBAL, so a backend's extension, loaded after that import, resolves
+// them at load time without linking against the library: it needs only these
+// headers (torch_fallback.get_include()).
+#define TORCH_FALLBACK_API __attribute__((visibility("default")))
