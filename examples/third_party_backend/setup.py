@@ -1,0 +1,26 @@
+"""tinydev's extension, built against the installed torch and torch-fallback.
+
+    pip install --no-build-isolation .
+"""
+
+from setuptools import setup
+
+try:
+    from torch_fallback.cpp_extension import BackendExtension, BuildExtension
+except ImportError as error:  # pragma: no cover - depends on the build environment
+    raise SystemExit(
+        f"tinydev builds against the torch and torch-fallback installed in this environment, "
+        f"and they cannot be imported ({error}). Install both first, then build without build "
+        "isolation: pip install --no-build-isolation ."
+    ) from error
+
+setup(
+    ext_modules=[
+        BackendExtension(
+            "tinydev._C",
+            ["csrc/tinydev.cpp", "csrc/module.cpp"],
+            extra_compile_args={"cxx": ["-O2", "-g0", "-Wall", "-Wno-unused-parameter"]},
+        )
+    ],
+    cmdclass={"build_ext": BuildExtension},
+)

@@ -1,0 +1,46 @@
+"""torch_fallback.cpp_extension: what a backend's setup.py gets (no compiler needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from setuptools import Extension
+
+import torch_fallback
+from torch_fallback.cpp_extension import HEADERS, BackendExtension, check_headers, include_dir
+
+
+def test_include_dir_holds_every_public_header():
+    directory = include_dir()
+    assert directory == Path(torch_fallback.get_include()).resolve()
+    for name in HEADERS:
+        assert (directory / "torch_fallback" / name).is_file(), name
+    shipped = {path.name for path in (directory / "torch_fallback").glob("*.h")}
+    assert shipped == set(HEADERS)
+
+
+def test_backend_extension_adds_the_include_dir_after_the_backends_own():
+    extension = BackendExtension(
+        "my_backend._C",
+        [Path("csrc/my_backend.cpp")],
+        include_dirs=["csrc"],
+        extra_compile_args={"cxx": ["-O2"]},
+    )
+    assert isinstance(extension, Extension)
+    assert extension.name == "my_backend._C"
+    assert extension.sources == ["csrc/my_backend.cpp"]
+    assert extension.language == "c++"
+    assert extension.include_dirs[0] == "csrc"
+    assert str(include_dir()) in extension.include_dirs
+    assert extension.extra_compile_args == {"cxx": ["-O2"]}
+    # CppExtension's own: torch's headers and libraries, but no CUDA library
+    # and nothing of torch-fallback to link: those resolve at load time.
+    assert any(Path(path, "torch", "library.h").is_file() for path in extension.include_dirs)
+    assert "c10" in extension.libraries
+    assert not any("cuda" in library for library in extension.libraries)
+
+
+def test_missing_headers_are_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="has no public C\\+\\+ API"):
+        check_headers(tmp_path)
