@@ -101,7 +101,15 @@ extensions = [
     # relay, the first client: built only on the public API, like any backend.
     CppExtension(
         "torch_fallback.relay._C",
-        sources(RELAY_CSRC, "storage.cpp", "device.cpp", "kernels.cpp", "module.cpp"),
+        sources(
+            RELAY_CSRC,
+            "storage.cpp",
+            "device.cpp",
+            "generator.cpp",
+            "autocast.cpp",
+            "kernels.cpp",
+            "module.cpp",
+        ),
         include_dirs=[PUBLIC_INCLUDE],
         extra_compile_args={"cxx": CXX_FLAGS},
         extra_link_args=LINK_FLAGS,

@@ -142,6 +142,10 @@ class FallbackCall {
     if (!tensor.defined()) return;
     const c10::Device device = tensor.device();
     if (device.type() == backend_.device_type) {
+      TORCH_CHECK_NOT_IMPLEMENTED(tensor.layout() == c10::kStrided, "torch_fallback: ",
+                                  full_name(), " got a ", backend_name(), " tensor of layout ",
+                                  tensor.layout(), "; ", backend_name(),
+                                  " serves strided (and nested) tensors only.");
       if (!backend_index_) {
         backend_index_ = device.index();
         return;
@@ -368,6 +372,17 @@ class FallbackCall {
         arg = std::move(moved);
       } else if (arg.isDevice() && arg.toDevice().type() == backend_.device_type) {
         arg = target_;
+      }
+    }
+    if (backend_.target_generator != nullptr) {
+      for (size_t i : rules_.generator_arguments) {
+        c10::IValue& arg = (*stack_)[first + i];
+        if (arg.isNone() || (arg.isGenerator() && arg.toGenerator().device().type() ==
+                                                      backend_.device_type)) {
+          arg = backend_.target_generator(
+              arg.isNone() ? std::nullopt : std::optional<at::Generator>(arg.toGenerator()),
+              backend_index(), target_);
+        }
       }
     }
     on_target_.assign(stack_->begin() + first, stack_->end());

@@ -79,6 +79,10 @@ const std::vector<std::string>& ops_run_whole() {
         // Composite kernels that call a DispatchStub directly, which has no
         // entry for a third-party device.
         "conj_physical_",
+        // Composite constructors of sparse tensors, which would wrap backend
+        // tensors into a sparse tensor no kernel can serve: the fallback
+        // refuses them, so .to(backend) of a sparse tensor fails there.
+        "_sparse_compressed_tensor_unsafe", "_sparse_coo_tensor_unsafe",
     };
     for (auto& name : ops_with_cpu_and_composite_kernels()) names.push_back(std::move(name));
     return names;

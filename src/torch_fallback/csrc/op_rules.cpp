@@ -67,6 +67,7 @@ std::unique_ptr<OpRules> make_rules(const c10::FunctionSchema& schema) {
                           : type->kind();
     if (kind == c10::TypeKind::ScalarTypeType) rules->dtype_arguments.push_back(i);
     if (kind == c10::TypeKind::LayoutType) rules->layout_arguments.push_back(i);
+    if (kind == c10::TypeKind::GeneratorType) rules->generator_arguments.push_back(i);
   }
   rules->unservable_result = unservable_result_of(rules->name);
   rules->accepts_cpu_tensors = indexing_op(rules->name);

@@ -20,6 +20,8 @@ struct OpRules {
   std::vector<size_t> dtype_arguments;
   // Layout arguments: a sparse or mkldnn layout there makes such a result.
   std::vector<size_t> layout_arguments;
+  // Generator arguments: a backend generator is swapped for the target's.
+  std::vector<size_t> generator_arguments;
   // The op makes sparse or quantized tensors whatever its arguments; empty if not.
   std::string unservable_result;
   // Index tensors may stay on the CPU, as CUDA allows for indexing.

@@ -10,6 +10,7 @@ from torch-fallback's C++ API); every other op runs through the boxed fallback.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import sys
@@ -19,10 +20,13 @@ import torch
 import torch_fallback  # the library relay's extension resolves its fallback from
 
 from .._scoped import scoped
-from . import _C
+from . import _C, _cuda_autograd, _inductor
 
 NAME = "relay"
 HOMES = ("cpu", "cuda")
+
+
+DeviceLike = int | str | torch.device
 
 
 def is_available() -> bool:
@@ -50,13 +54,54 @@ def current_device() -> int:
     return _C.current_device()
 
 
-def set_device(device: int | str | torch.device) -> None:
+def set_device(device: DeviceLike) -> None:
+    """Make `device` current; an index that does not exist is an IndexError."""
     _C.set_device(_index(device))
 
 
-def synchronize(device: int | str | torch.device | None = None) -> None:
+class device:  # noqa: N801  (torch.cuda.device's name)
+    """``with torch.relay.device(1):`` makes relay:1 current inside the block."""
+
+    def __init__(self, device: DeviceLike | None) -> None:
+        self.index = -1 if device is None else _index(device)
+        self.previous = -1
+
+    def __enter__(self) -> None:
+        self.previous = current_device()
+        if self.index >= 0:
+            set_device(self.index)
+
+    def __exit__(self, *exc_info: object) -> None:
+        set_device(self.previous)
+
+
+def synchronize(device: DeviceLike | None = None) -> None:
     """Wait for relay work on the device's GPU; host-homed work is already done."""
-    _C.synchronize(-1 if device is None else _index(device))
+    _C.synchronize(_index(device))
+
+
+# Memory: bytes held by relay tensors, whichever their home.
+
+
+def memory_allocated(device: DeviceLike | None = None) -> int:
+    return _C.memory_allocated(_index(device))
+
+
+def max_memory_allocated(device: DeviceLike | None = None) -> int:
+    return _C.max_memory_allocated(_index(device))
+
+
+def reset_peak_memory_stats(device: DeviceLike | None = None) -> None:
+    _C.reset_peak_memory_stats(_index(device))
+
+
+def empty_cache() -> None:
+    """Release cached GPU memory of CUDA-homed tensors (host memory is not cached)."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# Homes.
 
 
 def get_home() -> str:
@@ -75,24 +120,100 @@ def home(home: str) -> contextlib.AbstractContextManager[None]:
     return scoped(get_home, set_home, home)
 
 
+# Random numbers. Random ops run on the fallback target; relay's default
+# generator of a device pairs the CPU's default generator with the CUDA one of
+# its GPU, so seeded relay draws equal seeded eager draws on the target.
+
+
+def default_generator(device: DeviceLike | None = None) -> torch.Generator:
+    return _C.default_generator(_index(device))
+
+
+def get_rng_state(device: DeviceLike = NAME) -> torch.Tensor:
+    return default_generator(device).get_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device: DeviceLike = NAME) -> None:
+    default_generator(device).set_state(new_state.cpu())
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [get_rng_state(index) for index in range(device_count())]
+
+
+def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
+    for index, state in enumerate(new_states):
+        set_rng_state(state, index)
+
+
 def manual_seed(seed: int) -> None:
-    """Random ops run on the fallback target and draw from its generator."""
-    torch.manual_seed(seed)
+    default_generator().manual_seed(int(seed))
 
 
 def manual_seed_all(seed: int) -> None:
-    # torch.manual_seed calls this for custom devices; the CPU and CUDA
-    # generators it seeds itself are the ones relay's random ops use.
-    del seed
+    # torch.manual_seed calls this for custom devices.
+    for index in range(device_count()):
+        default_generator(index).manual_seed(int(seed))
 
 
-def _index(device: int | str | torch.device) -> int:
+def seed() -> int:
+    return default_generator().seed()
+
+
+def seed_all() -> None:
+    seed_value = default_generator().seed()
+    manual_seed_all(seed_value)
+
+
+def initial_seed() -> int:
+    return default_generator().initial_seed()
+
+
+# Autocast: relay follows CUDA's policy (low precision matmuls and
+# convolutions, float32 reductions), in either low precision dtype.
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    return [torch.float16, torch.bfloat16]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return True
+
+
+def _index(device: DeviceLike | None) -> int:
+    """The relay device index named by `device`; -1 (the current one) for None."""
+    if device is None:
+        return -1
     if isinstance(device, int):
+        _C.check_device_index(device)
         return device
     device = torch.device(device)
     if device.type != NAME:
         raise ValueError(f"expected a relay device, got {device}")
-    return current_device() if device.index is None else device.index
+    if device.index is None:
+        return -1
+    _C.check_device_index(device.index)
+    return device.index
+
+
+def __getattr__(name: str) -> object:
+    # Inductor's code generators for relay, looked up by torch.compile.
+    if name in _inductor.CODEGEN_NAMES:
+        return _inductor.codegen_class(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class _Utils:
+    """What torch.serialization asks of a device module."""
+
+    @staticmethod
+    def _get_device_index(device: DeviceLike, optional: bool = False) -> int:
+        index = _index(device)
+        return current_device() if index < 0 else index
+
+
+_utils = _Utils()
 
 
 def _register() -> None:
@@ -108,7 +229,11 @@ def _register() -> None:
 
 
 _register()
+_cuda_autograd.install()
 if "TORCH_FALLBACK_RELAY_HOME" in os.environ:
     set_home(os.environ["TORCH_FALLBACK_RELAY_HOME"].strip())
+# Let autograd's relay threads drop every graph before the interpreter shuts
+# down: a graph released there later would abort the process.
+atexit.register(_C.finish_autograd_work)
 
 del torch_fallback

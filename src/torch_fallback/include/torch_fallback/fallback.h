@@ -26,11 +26,13 @@
 // forced to the CPU and the CUDA sync mode are torch_fallback's settings
 // (TORCH_FALLBACK_TARGET, torch_fallback.set_target, ...); every call is
 // counted in torch_fallback.metrics().
+#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/stack.h>
 #include <c10/core/Storage.h>
 #include <torch/library.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,6 +52,11 @@ struct BackendAdapter {
   c10::Device (*output_home)(c10::DeviceIndex index);
   // A backend tensor on device `index` taking over a home-device tensor's memory.
   at::Tensor (*adopt)(const at::Tensor& home_tensor, c10::DeviceIndex index);
+  // Optional: the generator a random op running on `target` draws from, for
+  // the backend generator it was given (none: the backend's default generator
+  // for device `index`). Without it, random ops use the target's generators.
+  at::Generator (*target_generator)(const std::optional<at::Generator>& generator,
+                                    c10::DeviceIndex index, c10::Device target) = nullptr;
 };
 
 // Runs `op` from `stack` on the fallback target for `backend`'s tensors.

@@ -2,8 +2,11 @@
 // PyTorch asks of a PrivateUse1 backend.
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
-#include <c10/core/CPUAllocator.h>
-#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/DeviceGuard.h>
+
+#include <atomic>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <torch_fallback/cuda.h>
@@ -14,11 +17,9 @@ namespace {
 
 thread_local c10::DeviceIndex t_current_device = 0;
 
-void check_index(c10::DeviceIndex index) {
-  TORCH_CHECK_INDEX(index >= 0 && index < device_count(), "torch_fallback: relay:",
-                    static_cast<int>(index), " does not exist; there are ",
-                    static_cast<int>(device_count()), " relay device(s).");
-}
+// Set once autograd's engine has started its device threads: each of them
+// sets its device through the guard when it starts.
+std::atomic<bool> g_autograd_device_threads{false};
 
 struct RelayGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   static constexpr c10::DeviceType static_type = c10::DeviceType::PrivateUse1;
@@ -36,6 +37,7 @@ struct RelayGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void setDevice(c10::Device device) const override {
     TORCH_CHECK(device.type() == static_type, "torch_fallback: expected a relay device, got ",
                 device);
+    g_autograd_device_threads.store(true, std::memory_order_relaxed);
     if (device.has_index()) relay::set_device(device.index());
   }
 
@@ -78,9 +80,11 @@ struct RelayHooks final : public at::PrivateUse1HooksInterface {
   bool isAvailable() const override { return true; }
   bool hasPrimaryContext(c10::DeviceIndex /*index*/) const override { return true; }
 
-  // Random ops run on the fallback target, whose own generator they use.
-  const at::Generator& getDefaultGenerator(c10::DeviceIndex /*index*/) const override {
-    return at::detail::getDefaultCPUGenerator();
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex index) const override {
+    return default_generator(index);
+  }
+  at::Generator getNewGenerator(c10::DeviceIndex index) const override {
+    return new_generator(index);
   }
 
   at::Device getDeviceFromPtr(void* /*data*/) const override {
@@ -99,15 +103,9 @@ struct RelayHooks final : public at::PrivateUse1HooksInterface {
     return exchangeDevice(index);
   }
 
-  // non_blocking copies to the host ask for pinned memory: CUDA's where a GPU
-  // is visible (relay's CUDA home copies through it), plain host memory else.
-  bool isPinnedPtr(const void* data) const override {
-    return cuda::device_count() > 0 && at::detail::getCUDAHooks().isPinnedPtr(data);
-  }
-  c10::Allocator* getPinnedMemoryAllocator() const override {
-    return cuda::device_count() > 0 ? at::detail::getCUDAHooks().getPinnedMemoryAllocator()
-                                    : c10::GetCPUAllocator();
-  }
+  // Tensor.pin_memory() and non_blocking copies to the host ask for pinned memory.
+  bool isPinnedPtr(const void* data) const override { return is_pinned(data); }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return pinned_allocator(); }
 
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t nbytes) const override {
     resize_storage_bytes(storage, nbytes);
@@ -125,8 +123,14 @@ c10::DeviceIndex device_count() { return std::max<c10::DeviceIndex>(1, cuda::dev
 
 c10::DeviceIndex current_device() { return t_current_device; }
 
+void check_device_index(int64_t index) {
+  TORCH_CHECK_INDEX(index >= 0 && index < device_count(), "torch_fallback: relay:", index,
+                    " does not exist; there are ", static_cast<int>(device_count()),
+                    " relay device(s).");
+}
+
 void set_device(c10::DeviceIndex index) {
-  check_index(index);
+  check_device_index(index);
   t_current_device = index;
 }
 
@@ -135,6 +139,21 @@ void synchronize(c10::DeviceIndex index) {
   if (cuda::device_count() == 0) return;
   cuda::DeviceScope scope(index < 0 ? t_current_device : index);
   cuda::device_synchronize();
+}
+
+void finish_autograd_work() {
+  if (!g_autograd_device_threads.load(std::memory_order_relaxed)) return;
+  // A device thread runs its tasks in order and drops each graph before taking
+  // the next task, so once a backward of our own has run on every relay
+  // device, no device thread holds a user's graph (or the Python objects in
+  // it) any more. This backward's graph holds no Python object.
+  const at::AutoGradMode grad_mode(true);
+  for (c10::DeviceIndex index = 0; index < device_count(); ++index) {
+    const c10::Device device(c10::DeviceType::PrivateUse1, index);
+    const c10::DeviceGuard guard(device);
+    at::Tensor leaf = at::zeros({}, at::TensorOptions().device(device)).requires_grad_(true);
+    leaf.sum().backward();
+  }
 }
 
 }  // namespace torch_fallback::relay

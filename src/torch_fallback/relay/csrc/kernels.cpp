@@ -118,4 +118,19 @@ TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
   m.fallback(torch_fallback::boxed_fallback_for<&backend>());
 }
 
+// Sparse relay tensors cannot be made; these give every attempt a clear error.
+TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
+  m.fallback(torch_fallback::boxed_fallback_for<&backend>());
+}
+
+TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
+  m.fallback(torch_fallback::boxed_fallback_for<&backend>());
+}
+
+// Its composite kernel would otherwise wrap relay tensors into a sparse one
+// (what Tensor.to("relay") of a CSR tensor calls); the fallback refuses it.
+TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) {
+  m.impl("_sparse_compressed_tensor_unsafe", torch_fallback::boxed_fallback_for<&backend>());
+}
+
 }  // namespace torch_fallback::relay

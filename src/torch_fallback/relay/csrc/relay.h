@@ -3,10 +3,12 @@
 // *home*: host memory or a CUDA GPU's memory (allocated through PyTorch's CUDA
 // allocator, found at run time). It implements natively only what a backend
 // must; every other op reaches the boxed fallback.
+#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/Storage.h>
 
+#include <optional>
 #include <string>
 
 #include <torch_fallback/fallback.h>
@@ -27,6 +29,29 @@ c10::DeviceIndex device_count();
 c10::DeviceIndex current_device();
 void set_device(c10::DeviceIndex index);
 void synchronize(c10::DeviceIndex index);
+// Waits until autograd's relay device threads hold no user graph; called at
+// exit, where a graph released on a device thread during interpreter
+// shutdown would take the GIL and abort the process.
+void finish_autograd_work();
+// IndexError unless 0 <= index < device_count(); takes any integer, so nothing wraps.
+void check_device_index(int64_t index);
+
+// Random numbers (generator.cpp).
+const at::Generator& default_generator(c10::DeviceIndex index);
+at::Generator new_generator(c10::DeviceIndex index);
+at::Generator target_generator(const std::optional<at::Generator>& generator,
+                               c10::DeviceIndex index, c10::Device target);
+
+// Memory figures per relay device, both homes counted (storage.cpp).
+struct MemoryFigures {
+  int64_t allocated;
+  int64_t peak;
+};
+MemoryFigures memory_figures(c10::DeviceIndex index);
+void reset_peak(c10::DeviceIndex index);
+// Page-locked host memory for non_blocking copies, and whether a pointer is in it.
+c10::Allocator* pinned_allocator();
+bool is_pinned(const void* ptr);
 
 // Memory (storage.cpp).
 c10::Allocator* allocator();

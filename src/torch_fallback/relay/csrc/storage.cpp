@@ -1,6 +1,8 @@
 // relay memory: the allocator, the home of each storage, and zero-copy views
 // between relay storages and CPU or CUDA storages.
 #include <atomic>
+#include <map>
+#include <mutex>
 
 #include <ATen/Context.h>
 #include <ATen/ops/from_blob.h>
@@ -18,21 +20,53 @@ namespace {
 
 std::atomic<Home> g_home{Home::Host};
 
+// Bytes held by relay tensors per relay device, both homes, adopted results included.
+constexpr int kMaxDevices = 64;
+struct Counter {
+  std::atomic<int64_t> allocated{0};
+  std::atomic<int64_t> peak{0};
+};
+Counter g_counters[kMaxDevices];
+
+void count_allocation(c10::DeviceIndex index, int64_t nbytes) {
+  Counter& counter = g_counters[index];
+  const int64_t now = counter.allocated.fetch_add(nbytes, std::memory_order_relaxed) + nbytes;
+  int64_t peak = counter.peak.load(std::memory_order_relaxed);
+  while (now > peak && !counter.peak.compare_exchange_weak(peak, now)) {
+  }
+}
+
+// What a relay DataPtr's context holds: the memory's owner and its size.
+struct Block {
+  c10::DataPtr memory;  // host memory (alloc_cpu) or the CUDA caching allocator's
+  c10::Storage adopted;  // or a CPU or CUDA storage whose memory relay took over
+  int64_t nbytes;
+  c10::DeviceIndex index;
+  ~Block() { g_counters[index].allocated.fetch_sub(nbytes, std::memory_order_relaxed); }
+};
+
 // The deleters double as home tags: a storage's home is read off its deleter.
-void free_host(void* ptr) { c10::free_cpu(ptr); }
-void free_cuda(void* ctx) { delete static_cast<c10::DataPtr*>(ctx); }
-void release_adopted_host(void* ctx) { delete static_cast<c10::Storage*>(ctx); }
-void release_adopted_cuda(void* ctx) { delete static_cast<c10::Storage*>(ctx); }
+void free_host(void* ctx) { delete static_cast<Block*>(ctx); }
+void free_cuda(void* ctx) { delete static_cast<Block*>(ctx); }
+void release_adopted_host(void* ctx) { delete static_cast<Block*>(ctx); }
+void release_adopted_cuda(void* ctx) { delete static_cast<Block*>(ctx); }
 void release_home_view(void* ctx) { delete static_cast<c10::Storage*>(ctx); }
 
 c10::Device relay_device(c10::DeviceIndex index) {
   return c10::Device(c10::DeviceType::PrivateUse1, index);
 }
 
+c10::DataPtr relay_data_ptr(Block* block, void* data, c10::DeleterFnPtr deleter) {
+  count_allocation(block->index, block->nbytes);
+  return {data, block, deleter, relay_device(block->index)};
+}
+
 c10::DataPtr allocate_on(Home home, c10::DeviceIndex index, size_t nbytes) {
   if (home == Home::Host) {
     void* ptr = nbytes == 0 ? nullptr : c10::alloc_cpu(nbytes);
-    return {ptr, ptr, &free_host, relay_device(index)};
+    auto* block = new Block{c10::DataPtr(ptr, ptr, &c10::free_cpu, c10::Device(c10::kCPU)), {},
+                            static_cast<int64_t>(nbytes), index};
+    return relay_data_ptr(block, ptr, &free_host);
   }
   cuda::check_usable("a relay tensor with home 'cuda' (TORCH_FALLBACK_RELAY_HOME=cuda)");
   TORCH_CHECK(index < cuda::device_count(), "torch_fallback: relay:", static_cast<int>(index),
@@ -41,8 +75,9 @@ c10::DataPtr allocate_on(Home home, c10::DeviceIndex index, size_t nbytes) {
   // The CUDA caching allocator exists once CUDA is initialised; no CUDA op may have run yet.
   at::globalContext().lazyInitDevice(c10::kCUDA);
   c10::DeviceGuard guard(c10::Device(c10::kCUDA, index));
-  auto* cuda_memory = new c10::DataPtr(c10::GetAllocator(c10::kCUDA)->allocate(nbytes));
-  return {cuda_memory->get(), cuda_memory, &free_cuda, relay_device(index)};
+  auto* block = new Block{c10::GetAllocator(c10::kCUDA)->allocate(nbytes), {},
+                          static_cast<int64_t>(nbytes), index};
+  return relay_data_ptr(block, block->memory.get(), &free_cuda);
 }
 
 // The device whose memory `ptr` points into: a GPU's, or the host's.
@@ -110,8 +145,9 @@ Home home_of(const c10::Storage& storage) {
   const auto deleter = storage.data_ptr().get_deleter();
   if (deleter == &free_cuda || deleter == &release_adopted_cuda) return Home::Cuda;
   if (deleter == &free_host || deleter == &release_adopted_host) return Home::Host;
-  TORCH_CHECK(false, "torch_fallback: a relay storage was not allocated by relay's allocator, "
-                     "so its home (host or GPU memory) is unknown.");
+  // Memory relay did not allocate: a relay tensor made with from_blob (as
+  // torch.save does to copy a storage to the host). The pointer tells.
+  return device_of_pointer(storage.data()).is_cuda() ? Home::Cuda : Home::Host;
 }
 
 c10::Device home_device(const c10::Storage& storage) {
@@ -139,9 +175,10 @@ c10::Device output_home(c10::DeviceIndex index) {
 
 at::Tensor adopt(const at::Tensor& home_tensor, c10::DeviceIndex index) {
   const c10::Storage& source = home_tensor.storage();
-  const bool on_cuda = home_tensor.is_cuda();
-  c10::DataPtr data(const_cast<void*>(source.data()), new c10::Storage(source),
-                    on_cuda ? &release_adopted_cuda : &release_adopted_host, relay_device(index));
+  auto* block = new Block{{}, source, static_cast<int64_t>(source.nbytes()), index};
+  c10::DataPtr data = relay_data_ptr(
+      block, const_cast<void*>(source.data()),
+      home_tensor.is_cuda() ? &release_adopted_cuda : &release_adopted_host);
   c10::Storage storage(c10::Storage::use_byte_size_t(), source.nbytes(), std::move(data),
                        allocator(), /*resizable=*/true);
   auto tensor = at::detail::make_tensor<c10::TensorImpl>(
@@ -174,9 +211,68 @@ void resize_storage_bytes(const c10::Storage& storage, size_t nbytes) {
 
 const BackendAdapter& backend() {
   static const BackendAdapter adapter{
-      c10::DeviceType::PrivateUse1, &home_device, &home_storage, &output_home, &adopt,
+      c10::DeviceType::PrivateUse1, &home_device,   &home_storage, &output_home,
+      &adopt,                       &target_generator,
   };
   return adapter;
+}
+
+MemoryFigures memory_figures(c10::DeviceIndex index) {
+  check_device_index(index);
+  return {g_counters[index].allocated.load(), g_counters[index].peak.load()};
+}
+
+void reset_peak(c10::DeviceIndex index) {
+  check_device_index(index);
+  g_counters[index].peak.store(g_counters[index].allocated.load());
+}
+
+namespace {
+
+// Without a GPU, pinned memory is host memory that relay's pinned allocator
+// handed out (a host-homed relay tensor needs no DMA); with one, CUDA's.
+std::mutex g_pinned_mutex;
+std::map<const char*, size_t> g_pinned_blocks;  // start -> size
+
+void free_pinned(void* ptr) {
+  {
+    std::lock_guard<std::mutex> lock(g_pinned_mutex);
+    g_pinned_blocks.erase(static_cast<const char*>(ptr));
+  }
+  c10::free_cpu(ptr);
+}
+
+class HostPinnedAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t nbytes) override {
+    void* ptr = c10::alloc_cpu(std::max<size_t>(nbytes, 1));
+    std::lock_guard<std::mutex> lock(g_pinned_mutex);
+    g_pinned_blocks[static_cast<const char*>(ptr)] = nbytes;
+    return {ptr, ptr, &free_pinned, c10::Device(c10::kCPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &free_pinned; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+};
+
+HostPinnedAllocator g_host_pinned;
+
+}  // namespace
+
+c10::Allocator* pinned_allocator() {
+  if (cuda::device_count() > 0) return at::detail::getCUDAHooks().getPinnedMemoryAllocator();
+  return &g_host_pinned;
+}
+
+bool is_pinned(const void* ptr) {
+  if (cuda::device_count() > 0) return at::detail::getCUDAHooks().isPinnedPtr(ptr);
+  const char* p = static_cast<const char*>(ptr);
+  std::lock_guard<std::mutex> lock(g_pinned_mutex);
+  auto it = g_pinned_blocks.upper_bound(p);
+  if (it == g_pinned_blocks.begin()) return false;
+  --it;
+  return p < it->first + std::max<size_t>(it->second, 1);
 }
 
 }  // namespace torch_fallback::relay

@@ -1,0 +1,270 @@
+"""relay as a device: the everyday surface that user code and PyTorch itself expect.
+
+Checkpoints, pickling, seeding, autocast, activation checkpointing, indexing
+with CPU indices, pinned memory, torch.compile and sparse layouts, for every
+placement (the CUDA ones need a GPU).
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import pickle
+
+import pytest
+import torch
+
+import torch_fallback.relay as relay
+
+pytestmark = pytest.mark.usefixtures("placement")
+
+
+def reference_device(placement) -> str:
+    return "cuda" if placement.target == "cuda" else "cpu"
+
+
+# Devices.
+
+
+def test_device_indices_are_bounds_checked(placement):
+    for bad in (relay.device_count(), 256, -2):
+        with pytest.raises(IndexError, match=r"relay:-?\d+ does not exist"):
+            relay.set_device(bad)
+    assert relay.current_device() == 0
+    with pytest.raises(IndexError, match="does not exist"):
+        torch.empty(1, device=f"relay:{relay.device_count()}")
+
+
+def test_device_context_manager_restores_the_current_device(placement):
+    with relay.device(0):
+        assert relay.current_device() == 0
+        assert torch.empty(1, device="relay").device == torch.device("relay", 0)
+    with relay.device("relay:0"), relay.device(None):
+        assert relay.current_device() == 0
+    relay.synchronize()
+    relay.synchronize(0)
+
+
+def test_memory_figures_follow_allocations(placement):
+    relay.empty_cache()
+    relay.reset_peak_memory_stats()
+    before = relay.memory_allocated()
+    x = torch.empty(1024, 1024, device="relay")  # 4 MiB
+    assert relay.memory_allocated() - before == x.nbytes
+    y = x + 1  # a result of the fallback, adopted by relay
+    assert relay.memory_allocated() - before == 2 * x.nbytes
+    peak = relay.max_memory_allocated()
+    del x, y
+    assert relay.memory_allocated() == before
+    assert relay.max_memory_allocated() == peak >= before + 2 * 4 * 1024 * 1024
+    relay.reset_peak_memory_stats()
+    assert relay.max_memory_allocated() == before
+
+
+# Serialization.
+
+
+def roundtrip(obj, **load_kwargs):
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, **load_kwargs)
+
+
+@pytest.mark.parametrize(
+    "map_location",
+    [None, "relay", "relay:0", torch.device("relay", 0), {"relay:0": "relay:0"}, "cpu"],
+    ids=["none", "relay", "relay:0", "device", "dict", "cpu"],
+)
+def test_checkpoint_of_relay_tensors_loads_with_every_map_location(placement, map_location):
+    model = torch.nn.Linear(3, 2).to("relay")
+    state = {"model": model.state_dict(), "step": torch.tensor(7, device="relay")}
+    loaded = roundtrip(state, map_location=map_location)
+    expected = "cpu" if map_location == "cpu" else "relay"
+    for name, tensor in model.state_dict().items():
+        assert loaded["model"][name].device.type == expected
+        torch.testing.assert_close(loaded["model"][name].cpu(), tensor.cpu())
+    assert loaded["step"].item() == 7
+
+
+def test_checkpoint_of_cpu_tensors_maps_onto_relay(placement):
+    weights = {"w": torch.randn(4, 4)}
+    loaded = roundtrip(weights, map_location=lambda storage, location: storage.relay())
+    assert loaded["w"].device.type == "relay"
+    torch.testing.assert_close(loaded["w"].cpu(), weights["w"])
+
+
+def test_loaded_relay_tensors_keep_the_current_home(placement):
+    loaded = roundtrip(torch.arange(6.0, device="relay"))
+    assert relay.get_home() == placement.home
+    torch.testing.assert_close((loaded * 2).cpu(), torch.arange(6.0) * 2)
+
+
+def test_pickle_and_deepcopy(placement):
+    x = torch.randn(3, 4, device="relay")
+    for copied in (pickle.loads(pickle.dumps(x)), copy.deepcopy(x)):
+        assert copied.device.type == "relay"
+        assert copied.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+        torch.testing.assert_close(copied.cpu(), x.cpu())
+    model = copy.deepcopy(torch.nn.Linear(2, 2).to("relay"))
+    assert model.weight.device.type == "relay"
+
+
+# Random numbers.
+
+
+def test_seeded_relay_draws_are_reproducible_and_match_the_target(placement):
+    relay.manual_seed(1234)
+    a = torch.randn(6, device="relay")
+    relay.manual_seed(1234)
+    b = torch.randn(6, device="relay")
+    torch.testing.assert_close(a.cpu(), b.cpu(), rtol=0, atol=0)
+    torch.manual_seed(1234)
+    expected = torch.randn(6, device=reference_device(placement))
+    torch.manual_seed(1234)
+    torch.testing.assert_close(torch.randn(6, device="relay").cpu(), expected.cpu())
+    assert relay.initial_seed() == 1234
+
+
+def test_rng_state_round_trips_and_fork_rng(placement):
+    state = relay.get_rng_state()
+    first = torch.rand(5, device="relay")
+    relay.set_rng_state(state)
+    torch.testing.assert_close(torch.rand(5, device="relay").cpu(), first.cpu(), rtol=0, atol=0)
+    states = relay.get_rng_state_all()
+    assert len(states) == relay.device_count()
+    relay.set_rng_state_all(states)
+    with torch.random.fork_rng(device_type="relay"):
+        inside = torch.rand(5, device="relay")
+    after = torch.rand(5, device="relay")
+    torch.testing.assert_close(inside.cpu(), after.cpu(), rtol=0, atol=0)
+    with torch.testing._utils.freeze_rng_state():
+        frozen = torch.rand(3, device="relay")
+    torch.testing.assert_close(torch.rand(3, device="relay").cpu(), frozen.cpu(), rtol=0, atol=0)
+
+
+def test_relay_generators(placement):
+    generator = torch.Generator(device="relay")
+    assert generator.device.type == "relay"
+    generator.manual_seed(7)
+    a = torch.randn(4, device="relay", generator=generator)
+    generator.manual_seed(7)
+    b = torch.randn(4, device="relay", generator=generator)
+    torch.testing.assert_close(a.cpu(), b.cpu(), rtol=0, atol=0)
+    state = generator.get_state()
+    c = torch.rand(4, device="relay", generator=generator)
+    generator.set_state(state)
+    torch.testing.assert_close(
+        torch.rand(4, device="relay", generator=generator).cpu(), c.cpu(), rtol=0, atol=0
+    )
+    generator.seed()
+    with pytest.raises(ValueError, match="relay RNG state"):
+        relay.set_rng_state(torch.zeros(3, dtype=torch.uint8))
+
+
+def test_dropout_draws_are_reproducible(placement):
+    x = torch.ones(64, device="relay")
+    torch.manual_seed(5)
+    a = torch.nn.functional.dropout(x, 0.5)
+    torch.manual_seed(5)
+    b = torch.nn.functional.dropout(x, 0.5)
+    torch.testing.assert_close(a.cpu(), b.cpu(), rtol=0, atol=0)
+
+
+# Autocast and activation checkpointing.
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_follows_cudas_policy(placement, dtype):
+    assert dtype in relay.get_amp_supported_dtype()
+    a, b = torch.randn(4, 8, device="relay"), torch.randn(8, 3, device="relay")
+    with torch.autocast("relay", dtype=dtype):
+        product = a @ b
+        linear = torch.nn.functional.linear(a, b.t())
+        softmax = torch.softmax(product, dim=1)  # float32 policy
+        summed = product.sum()
+    assert product.dtype == dtype and linear.dtype == dtype
+    assert softmax.dtype == torch.float32 and summed.dtype == torch.float32
+    torch.testing.assert_close(product.float().cpu(), (a @ b).cpu(), rtol=2e-2, atol=5e-2)
+    assert (a @ b).dtype == torch.float32  # outside the block
+    assert relay.is_bf16_supported()
+
+
+def test_activation_checkpointing_gives_the_same_gradients(placement):
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1))
+    block = block.to("relay")
+    x = torch.randn(5, 6, device="relay")
+    plain = torch.autograd.grad(block(x).sum(), list(block.parameters()))
+    checkpointed = torch.autograd.grad(
+        torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False).sum(),
+        list(block.parameters()),
+    )
+    for a, b in zip(checkpointed, plain, strict=True):
+        torch.testing.assert_close(a.cpu(), b.cpu())
+
+
+# Indexing with CPU indices, as CUDA allows.
+
+
+def test_cpu_index_tensors_and_masks_index_relay_tensors(placement):
+    x = torch.arange(12.0).reshape(3, 4)
+    rx = x.to("relay")
+    index = torch.tensor([2, 0])
+    mask = torch.tensor([True, False, True])
+    torch.testing.assert_close(rx[index].cpu(), x[index])
+    torch.testing.assert_close(rx[mask].cpu(), x[mask])
+    torch.testing.assert_close(rx[:, torch.tensor([1, 3])].cpu(), x[:, torch.tensor([1, 3])])
+    rx[index] = 0.0
+    x[index] = 0.0
+    torch.testing.assert_close(rx.cpu(), x)
+
+
+# Pinned memory.
+
+
+def test_pinned_memory_is_pinned(placement):
+    pinned = torch.randn(8).pin_memory()
+    assert pinned.is_pinned()
+    assert not torch.randn(8).is_pinned()
+    on_relay = pinned.to("relay", non_blocking=True)
+    relay.synchronize()
+    torch.testing.assert_close(on_relay.cpu(), pinned)
+    back = on_relay.to("cpu", non_blocking=True)
+    relay.synchronize()
+    torch.testing.assert_close(back, pinned)
+
+
+# torch.compile.
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compile_with_eager_backends(placement, backend):
+    torch._dynamo.reset()
+
+    def fn(x, y):
+        return torch.nn.functional.gelu(x @ y).sum(dim=1)
+
+    x, y = torch.randn(4, 5, device="relay"), torch.randn(5, 3, device="relay")
+    compiled = torch.compile(fn, backend=backend)
+    torch.testing.assert_close(compiled(x, y).cpu(), fn(x, y).cpu())
+
+
+def test_compile_with_inductor_is_refused_naming_relay(placement):
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: x.sin() + 1, backend="inductor")
+    with pytest.raises(Exception, match="relay") as error:
+        compiled(torch.randn(4, device="relay"))
+    assert "aot_eager" in str(error.value)
+
+
+# Sparse layouts.
+
+
+@pytest.mark.parametrize(
+    "make", [torch.Tensor.to_sparse, torch.Tensor.to_sparse_csr], ids=["coo", "csr"]
+)
+def test_sparse_tensors_are_refused_at_to_relay(placement, make):
+    sparse = make(torch.eye(3))
+    with pytest.raises((NotImplementedError, RuntimeError), match="relay"):
+        sparse.to("relay")
