@@ -5,8 +5,6 @@
 
 #include <chrono>
 #include <optional>
-#include <unordered_map>
-#include <unordered_set>
 
 #include <ATen/MemoryOverlap.h>
 #include <ATen/NestedTensorImpl.h>
@@ -20,6 +18,7 @@
 #include "metrics.h"
 #include "op_rules.h"
 #include "settings.h"
+#include "small_map.h"
 #include "tensors.h"
 
 namespace torch_fallback {
@@ -97,7 +96,7 @@ class FallbackCall {
     call_.on_cuda = target_.is_cuda();
     call_.time_ns = static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
-    metrics::record(full_name(), call_);
+    metrics::record(*rules_.counters, call_);
   }
 
   // Before anything runs: ops whose results a backend tensor cannot hold.
@@ -164,9 +163,13 @@ class FallbackCall {
                 backend_name(), "').");
   }
 
+  // Visits the tensor arguments as the caller passed them.
   template <typename Visit>
   void for_each_tensor_argument(Visit&& visit) {
-    for (const auto& arg : torch::jit::last(*stack_, schema_.arguments().size())) {
+    const auto args = originals_.empty()
+                          ? torch::jit::last(*stack_, schema_.arguments().size())
+                          : c10::ArrayRef<c10::IValue>(originals_);
+    for (const auto& arg : args) {
       if (arg.isTensor()) {
         visit(arg.toTensor());
       } else if (arg.isTensorList()) {
@@ -200,11 +203,10 @@ class FallbackCall {
   }
 
   void choose_target() {
-    Target wanted = forced_to_cpu(rules_.name, full_name()) ? Target::Cpu : target();
+    Target wanted = rules_.forced_to_cpu() ? Target::Cpu : target();
     if (wanted != Target::Cpu) {
       // Computed: a composite kernel (convolution's, say) serves CUDA too.
-      const bool has_cuda_kernel = op_.hasComputedKernelForDispatchKey(
-          nested_ ? c10::DispatchKey::NestedTensorCUDA : c10::DispatchKey::CUDA);
+      const bool has_cuda_kernel = nested_ ? rules_.has_nested_cuda_kernel : rules_.has_cuda_kernel;
       if (wanted == Target::Auto) {
         wanted = cuda::device_count() > 0 && has_cuda_kernel ? Target::Cuda : Target::Cpu;
       }
@@ -225,10 +227,7 @@ class FallbackCall {
       }
     }
     target_ = c10::Device(c10::kCPU);
-    if (op_.hasComputedKernelForDispatchKey(nested_ ? c10::DispatchKey::NestedTensorCPU
-                                                    : c10::DispatchKey::CPU)) {
-      return;
-    }
+    if (nested_ ? rules_.has_nested_cpu_kernel : rules_.has_cpu_kernel) return;
     decomposition_ = cpu_decomposition(full_name());
     TORCH_CHECK_NOT_IMPLEMENTED(
         decomposition_ != nullptr, "torch_fallback: ", full_name(),
@@ -241,34 +240,36 @@ class FallbackCall {
   // One home storage per backend storage, so that tensors which alias each
   // other on the backend alias each other on the target too.
   const c10::Storage& home_storage(const c10::Storage& storage) {
-    auto [it, inserted] = home_storages_.try_emplace(storage.unsafeGetStorageImpl());
-    if (inserted) it->second = backend_.home_storage(storage);
-    return it->second;
+    c10::StorageImpl* key = storage.unsafeGetStorageImpl();
+    if (c10::Storage* known = home_storages_.find(key)) return *known;
+    return home_storages_.insert(key, backend_.home_storage(storage));
   }
 
   bool is_backend(const at::Tensor& tensor) const {
     return tensor.defined() && tensor.device().type() == backend_.device_type;
   }
 
-  // Backend storages seen by more than one argument tensor whose home is not the target.
-  void find_shared_storages() {
-    std::unordered_map<c10::StorageImpl*, std::pair<c10::TensorImpl*, bool>> seen;
+  // Whether more than one argument tensor views `storage`: then the op must
+  // see one copy of it on the target, not one per tensor.
+  bool shared_by_arguments(c10::StorageImpl* storage) {
+    if (bool* known = shared_storages_.find(storage)) return *known;
+    const c10::TensorImpl* first = nullptr;
+    bool shared = false;
     for_each_tensor_argument([&](const at::Tensor& tensor) {
-      if (!is_backend(tensor) || tensor.is_nested()) return;
-      auto [it, inserted] = seen.try_emplace(tensor.storage().unsafeGetStorageImpl(),
-                                             tensor.unsafeGetTensorImpl(), false);
-      if (!inserted && it->second.first != tensor.unsafeGetTensorImpl()) it->second.second = true;
+      if (!is_backend(tensor) || tensor.is_nested() ||
+          tensor.storage().unsafeGetStorageImpl() != storage) {
+        return;
+      }
+      if (first == nullptr) first = tensor.unsafeGetTensorImpl();
+      shared = shared || first != tensor.unsafeGetTensorImpl();
     });
-    for (const auto& [storage, entry] : seen) {
-      if (entry.second) shared_storages_.insert(storage);
-    }
+    return shared_storages_.insert(storage, shared);
   }
 
   // The target copy of the bytes of a shared storage that the op's arguments span.
   const StorageCopy& storage_copy(const at::Tensor& tensor, c10::Device home) {
     c10::StorageImpl* key = tensor.storage().unsafeGetStorageImpl();
-    auto it = storage_copies_.find(key);
-    if (it != storage_copies_.end()) return it->second;
+    if (const StorageCopy* known = storage_copies_.find(key)) return *known;
     int64_t first = std::numeric_limits<int64_t>::max();
     int64_t end = 0;
     for_each_tensor_argument([&](const at::Tensor& other) {
@@ -289,11 +290,11 @@ class FallbackCall {
             .as_strided({end - first}, {1}, first);
     const at::Tensor on_target = home_bytes.to(target_, /*non_blocking=*/false, /*copy=*/true);
     call_.bytes_to_target += static_cast<uint64_t>(end - first);
-    return storage_copies_.emplace(key, StorageCopy{on_target.storage(), first}).first->second;
+    return storage_copies_.insert(key, StorageCopy{on_target.storage(), first});
   }
 
   at::Tensor copy_to_target(const at::Tensor& tensor, c10::Device home) {
-    if (shared_storages_.count(tensor.storage().unsafeGetStorageImpl()) != 0) {
+    if (shared_by_arguments(tensor.storage().unsafeGetStorageImpl())) {
       const StorageCopy& copy = storage_copy(tensor, home);
       const int64_t shift = copy.first_byte / static_cast<int64_t>(tensor.element_size());
       auto on_target = tensor_over(copy.storage, target_, tensor);
@@ -310,18 +311,17 @@ class FallbackCall {
   // argument passed twice (self and out=) is one tensor to the kernel too.
   at::Tensor to_target(const at::Tensor& tensor) {
     if (!is_backend(tensor)) return tensor;
-    auto [it, inserted] = targets_.try_emplace(tensor.unsafeGetTensorImpl());
-    if (!inserted) return it->second;
+    c10::TensorImpl* key = tensor.unsafeGetTensorImpl();
+    if (const at::Tensor* known = targets_.find(key)) return *known;
     if (tensor.is_nested()) {
-      it->second = map_nested_buffer(tensor, [this](const at::Tensor& buffer) {
+      return targets_.insert(key, map_nested_buffer(tensor, [this](const at::Tensor& buffer) {
         return to_target(buffer);
-      });
-      return it->second;
+      }));
     }
     const c10::Device home = backend_.home_device(tensor.storage());
-    it->second = home == target_ ? tensor_over(home_storage(tensor.storage()), home, tensor)
-                                 : copy_to_target(tensor, home);
-    return it->second;
+    return targets_.insert(key, home == target_
+                                    ? tensor_over(home_storage(tensor.storage()), home, tensor)
+                                    : copy_to_target(tensor, home));
   }
 
   at::Tensor to_backend(const at::Tensor& tensor) {
@@ -352,7 +352,6 @@ class FallbackCall {
   }
 
   void move_arguments_to_target() {
-    find_shared_storages();
     const size_t num_args = schema_.arguments().size();
     const size_t first = stack_->size() - num_args;
     originals_.assign(stack_->begin() + first, stack_->end());
@@ -408,9 +407,8 @@ class FallbackCall {
   void write_back(const at::Tensor& written, const at::Tensor& original, bool may_resize) {
     if (!is_backend(original) || !written.defined()) return;
     if (original.is_nested()) return;  // nested tensors are never mutated in place here
-    const auto it = home_storages_.find(original.storage().unsafeGetStorageImpl());
-    const bool shares_memory = it != home_storages_.end() &&
-                               written.storage().is_alias_of(it->second) &&
+    const c10::Storage* home = home_storages_.find(original.storage().unsafeGetStorageImpl());
+    const bool shares_memory = home != nullptr && written.storage().is_alias_of(*home) &&
                                written.storage().data() == original.storage().data();
     if (!same_geometry(written, original)) {
       // Eager never resizes an in-place op's self; the target kernel did not either
@@ -524,12 +522,12 @@ class FallbackCall {
   bool nested_ = false;  // a nested tensor among the arguments
   c10::Device target_{c10::kCPU};
   Decomposition decomposition_ = nullptr;
-  std::unordered_map<c10::StorageImpl*, c10::Storage> home_storages_;
-  std::unordered_set<c10::StorageImpl*> shared_storages_;
-  std::unordered_map<c10::StorageImpl*, StorageCopy> storage_copies_;
-  std::unordered_map<c10::TensorImpl*, at::Tensor> targets_;
-  std::vector<c10::IValue> originals_;
-  std::vector<c10::IValue> on_target_;
+  SmallMap<c10::StorageImpl*, c10::Storage> home_storages_;
+  SmallMap<c10::StorageImpl*, bool> shared_storages_;
+  SmallMap<c10::StorageImpl*, StorageCopy, 2> storage_copies_;
+  SmallMap<c10::TensorImpl*, at::Tensor> targets_;
+  c10::SmallVector<c10::IValue, 8> originals_;
+  c10::SmallVector<c10::IValue, 8> on_target_;
   metrics::Call call_;
 };
 

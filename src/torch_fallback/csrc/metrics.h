@@ -1,5 +1,8 @@
 #pragma once
-// Per-op counters of the fallback: calls per target, time, bytes moved.
+// Per-op counters of the fallback: calls per target, time, bytes moved. Each
+// op's counters are atomics found once (OpRules keeps the pointer), so that
+// recording a call takes no lock.
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -23,7 +26,20 @@ struct Call {
   uint64_t bytes_from_target = 0;
 };
 
-void record(const std::string& op, const Call& call);
+// The live counters of one op.
+struct Counters {
+  std::atomic<uint64_t> calls_cpu{0};
+  std::atomic<uint64_t> calls_cuda{0};
+  std::atomic<uint64_t> errors{0};
+  std::atomic<uint64_t> time_ns{0};
+  std::atomic<uint64_t> bytes_to_target{0};
+  std::atomic<uint64_t> bytes_from_target{0};
+};
+
+// The counters of `op` ("aten::add.Tensor"); the pointer stays valid for the process.
+Counters* counters_for(const std::string& op);
+void record(Counters& counters, const Call& call);
+// Ops with at least one call since the last reset.
 std::map<std::string, OpStats> snapshot();
 void reset();
 

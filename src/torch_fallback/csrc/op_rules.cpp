@@ -4,6 +4,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "settings.h"
+
 namespace torch_fallback {
 namespace {
 
@@ -45,7 +47,8 @@ bool indexing_op(const std::string& name) {
   return false;
 }
 
-std::unique_ptr<OpRules> make_rules(const c10::FunctionSchema& schema) {
+std::unique_ptr<OpRules> make_rules(const c10::OperatorHandle& op) {
+  const c10::FunctionSchema& schema = op.schema();
   auto rules = std::make_unique<OpRules>();
   rules->name = schema.operator_name().name;
   rules->overload = schema.operator_name().overload_name;
@@ -71,6 +74,13 @@ std::unique_ptr<OpRules> make_rules(const c10::FunctionSchema& schema) {
   }
   rules->unservable_result = unservable_result_of(rules->name);
   rules->accepts_cpu_tensors = indexing_op(rules->name);
+  using c10::DispatchKey;
+  rules->has_cpu_kernel = op.hasComputedKernelForDispatchKey(DispatchKey::CPU);
+  rules->has_cuda_kernel = op.hasComputedKernelForDispatchKey(DispatchKey::CUDA);
+  rules->has_nested_cpu_kernel = op.hasComputedKernelForDispatchKey(DispatchKey::NestedTensorCPU);
+  rules->has_nested_cuda_kernel =
+      op.hasComputedKernelForDispatchKey(DispatchKey::NestedTensorCUDA);
+  rules->counters = metrics::counters_for(rules->full_name);
   return rules;
 }
 
@@ -81,8 +91,17 @@ const OpRules& op_rules(const c10::OperatorHandle& op) {
   thread_local std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<OpRules>> cache;
   const c10::FunctionSchema& schema = op.schema();
   auto& rules = cache[&schema];
-  if (!rules) rules = make_rules(schema);
+  if (!rules) rules = make_rules(op);
   return *rules;
+}
+
+bool OpRules::forced_to_cpu() const {
+  const uint64_t generation = cpu_ops_generation();
+  if (generation != cpu_ops_generation_) {
+    forced_to_cpu_ = torch_fallback::forced_to_cpu(name, full_name);
+    cpu_ops_generation_ = generation;
+  }
+  return forced_to_cpu_;
 }
 
 }  // namespace torch_fallback

@@ -4,6 +4,8 @@
 // backend tensor cannot hold, arguments that may stay on the CPU.
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include "metrics.h"
+
 #include <string>
 #include <vector>
 
@@ -26,6 +28,19 @@ struct OpRules {
   std::string unservable_result;
   // Index tensors may stay on the CPU, as CUDA allows for indexing.
   bool accepts_cpu_tensors = false;
+  // Kernels for the targets, dense and nested (computed: composites count).
+  bool has_cpu_kernel = false;
+  bool has_cuda_kernel = false;
+  bool has_nested_cpu_kernel = false;
+  bool has_nested_cuda_kernel = false;
+  metrics::Counters* counters = nullptr;
+
+  // Whether the op is on the CPU op list (torch_fallback.set_cpu_ops); cached.
+  bool forced_to_cpu() const;
+
+ private:
+  mutable uint64_t cpu_ops_generation_ = 0;
+  mutable bool forced_to_cpu_ = false;
 };
 
 // The rules of `op`; cached, cheap after the first call of each op on a thread.

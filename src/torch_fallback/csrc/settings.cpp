@@ -14,6 +14,7 @@ std::atomic<Target> g_target{Target::Cpu};
 std::atomic<CudaSync> g_cuda_sync{CudaSync::Stream};
 
 std::mutex g_cpu_ops_mutex;
+std::atomic<uint64_t> g_cpu_ops_generation{1};
 std::set<std::string> g_cpu_ops{"aten::_local_scalar_dense"};
 
 bool valid_op_name(const std::string& name) {
@@ -77,7 +78,10 @@ void set_cpu_ops(const std::vector<std::string>& names) {
   }
   std::lock_guard<std::mutex> lock(g_cpu_ops_mutex);
   g_cpu_ops = {names.begin(), names.end()};
+  g_cpu_ops_generation.fetch_add(1, std::memory_order_release);
 }
+
+uint64_t cpu_ops_generation() { return g_cpu_ops_generation.load(std::memory_order_acquire); }
 
 bool forced_to_cpu(const std::string& name, const std::string& full_name) {
   std::lock_guard<std::mutex> lock(g_cpu_ops_mutex);

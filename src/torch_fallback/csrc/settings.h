@@ -1,6 +1,7 @@
 #pragma once
 // Process-wide fallback settings. They are global rather than thread-local
 // because autograd runs backward ops on its own threads.
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -25,5 +26,7 @@ std::string cuda_sync_name(CudaSync mode);
 std::vector<std::string> cpu_ops();
 void set_cpu_ops(const std::vector<std::string>& names);  // ValueError on a malformed name
 bool forced_to_cpu(const std::string& name, const std::string& full_name);  // full: "ns::op.overload"
+// Changes whenever the CPU op list does, so that callers may cache forced_to_cpu.
+uint64_t cpu_ops_generation();
 
 }  // namespace torch_fallback
