@@ -10,6 +10,7 @@
 #include <ATen/NestedTensorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/_copy_from_and_resize.h>
+#include <ATen/ops/empty_strided.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch_fallback/cuda.h>
@@ -307,6 +308,23 @@ class FallbackCall {
                       /*copy=*/true);
   }
 
+  // An out= argument on the target: its contents are only written, so a copy
+  // needs only its geometry, unless another argument views the same memory.
+  at::Tensor out_to_target(const at::Tensor& tensor) {
+    if (!is_backend(tensor) || tensor.is_nested() ||
+        backend_.home_device(tensor.storage()) == target_ ||
+        shared_by_arguments(tensor.storage().unsafeGetStorageImpl())) {
+      return to_target(tensor);
+    }
+    c10::TensorImpl* key = tensor.unsafeGetTensorImpl();
+    if (const at::Tensor* known = targets_.find(key)) return *known;
+    at::Tensor fresh = at::empty_strided(tensor.sizes(), tensor.strides(),
+                                         tensor.options().device(target_));
+    fresh._set_conj(tensor.is_conj());
+    fresh._set_neg(tensor.is_neg());
+    return targets_.insert(key, std::move(fresh));
+  }
+
   // The target tensor for a backend tensor: one per backend tensor, so that an
   // argument passed twice (self and out=) is one tensor to the kernel too.
   at::Tensor to_target(const at::Tensor& tensor) {
@@ -355,10 +373,11 @@ class FallbackCall {
     const size_t num_args = schema_.arguments().size();
     const size_t first = stack_->size() - num_args;
     originals_.assign(stack_->begin() + first, stack_->end());
+    const auto& schema_args = schema_.arguments();
     for (size_t i = 0; i < num_args; ++i) {
       c10::IValue& arg = (*stack_)[first + i];
       if (arg.isTensor()) {
-        arg = to_target(arg.toTensor());
+        arg = schema_args[i].is_out() ? out_to_target(arg.toTensor()) : to_target(arg.toTensor());
       } else if (arg.isTensorList()) {
         c10::List<at::Tensor> moved;
         for (const at::Tensor& tensor : arg.toTensorList()) moved.push_back(to_target(tensor));
