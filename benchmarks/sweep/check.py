@@ -40,6 +40,7 @@ ERROR_CATEGORIES = [
     ("cpu-only-argument", lambda m: "to be on cpu" in m.lower() or "on CPU" in m),
     ("storage-or-data-ptr", lambda m: "data_ptr" in m or "storage" in m.lower()),
     ("dtype-not-implemented", lambda m: "not implemented for" in m),
+    ("inplace-resize-refused", lambda m: "would change the shape of its in-place argument" in m),
     ("device-module-incomplete", lambda m: "module 'torch_fallback.relay' has no attribute" in m),
     ("internal-assert", lambda m: "INTERNAL ASSERT" in m),
 ]

@@ -35,13 +35,15 @@ def run_sample(
     device: str,
     seed: int,
     perturb: str | None = None,
+    rng_seed: int | None = None,
 ) -> dict:
-    """perturb: None, or which values read back to perturb: "all", "outputs", "arguments"
-    (the arguments after the op) or "grads"."""
+    """seed: the sample's seed (the cotangents derive from it); rng_seed: what the global
+    generators are seeded with before the op (default: seed). perturb: None, or which
+    values read back to perturb: "all", "outputs", "arguments" (after the op) or "grads"."""
     side = torch.device(device).type
     memo: dict = {}
     args, kwargs = S.transfer(sample, placement, device, memo)
-    torch.manual_seed(seed)
+    torch.manual_seed(seed if rng_seed is None else rng_seed)
     record: dict = {}
     try:
         if phase == "inplace":
@@ -51,7 +53,7 @@ def run_sample(
             out = op(*args, **kwargs)
         if phase == "grad":
             out = sample.output_process_fn_grad(out)
-            inputs = [t for t in memo.values() if _differentiable(t)]
+            inputs = [t for key, t in memo.items() if key != "pinned" and _differentiable(t)]
             outputs = [t for t in tree_flatten(out)[0] if _differentiable(t)]
             if not inputs or not outputs:
                 return {"not_differentiable": True}
@@ -65,7 +67,8 @@ def run_sample(
     except Exception as error:
         return {"error": S.first_line(error)}
     record["out"] = S.fetch(out, side, perturb in ("all", "outputs"))
-    record["args"] = S.fetch((args, kwargs), side, perturb in ("all", "arguments"))
+    pinned = memo.get("pinned", set())
+    record["args"] = S.fetch((args, kwargs), side, perturb in ("all", "arguments"), pinned)
     return record
 
 
@@ -91,7 +94,7 @@ def determinism(op, sample, placement, phase: str, device: str, seed: int, first
     again = run_sample(op, sample, placement, phase, device, seed)
     if not _same(first, again):
         return "nondeterministic"
-    other = run_sample(op, sample, placement, phase, device, seed + 1)
+    other = run_sample(op, sample, placement, phase, device, seed, rng_seed=seed + 1)
     return "deterministic" if _same(first, other) else "random"
 
 

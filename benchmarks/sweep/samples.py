@@ -178,6 +178,8 @@ def transfer(sample, placement, device: str, memo: dict) -> tuple[tuple, dict]:
                 if leaf.requires_grad:
                     copy.requires_grad_(True)
                 memo[id(leaf)] = copy
+                if not on_device:
+                    memo.setdefault("pinned", set()).add(id(copy))
             moved.append(memo[id(leaf)])
         elif isinstance(leaf, torch.device) and leaf.type == "cpu":
             moved.append(torch.device(device))
@@ -197,11 +199,13 @@ def perturb(value: torch.Tensor) -> torch.Tensor:
     return value + 1
 
 
-def fetch_tensor(tensor: torch.Tensor, device: str, perturbed: bool) -> dict:
+def fetch_tensor(tensor: torch.Tensor, device: str, perturbed: bool, pinned=()) -> dict:
     """A tensor's metadata and its values as a dense CPU tensor. device: the device this side
     runs on (relay, or the reference device); a tensor there is recorded as on "device"."""
     leaf = {
-        "device": "device" if tensor.device.type == device else tensor.device.type,
+        "device": "device"
+        if tensor.device.type == device and id(tensor) not in pinned
+        else tensor.device.type,
         "dtype": str(tensor.dtype),
         "shape": tuple(tensor.shape),
         "layout": str(tensor.layout),
@@ -225,14 +229,15 @@ def fetch_tensor(tensor: torch.Tensor, device: str, perturbed: bool) -> dict:
     return leaf
 
 
-def fetch(tree, device: str, perturbed: bool = False) -> list:
+def fetch(tree, device: str, perturbed: bool = False, pinned=()) -> list:
     """Flatten a result (or the arguments after the op) into picklable leaves; device
-    arguments naming this side's device are recorded as "device"."""
+    arguments naming this side's device are recorded as "device", as are tensors there
+    except those pinned (ids of arguments the OpInfo keeps on the CPU)."""
     leaves, _ = tree_flatten(tree)
     out = []
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
-            out.append(fetch_tensor(leaf, device, perturbed))
+            out.append(fetch_tensor(leaf, device, perturbed, pinned))
         elif isinstance(leaf, torch.device):
             out.append({"plain": "device" if leaf.type == device else str(leaf)})
         elif isinstance(leaf, str) and leaf == device:

@@ -58,7 +58,11 @@ def main(conn, role: str, config: Config, log_path: str) -> None:
 
     S.op_index()
     conn.send(("ready", info))
+    parent = os.getppid()
     while True:
+        while not conn.poll(5.0):
+            if os.getppid() != parent:
+                return  # the sweep was killed: do not linger
         message = conn.recv()
         if message is None:
             return
@@ -117,21 +121,33 @@ def test_task(conn, config: Config, device: str, task, path: str) -> dict:
 def _test_task(conn, config: Config, device: str, task, path: str) -> dict:
     import torch
 
-    from . import check, execute
+    from . import execute
     from . import samples as S
 
     entry, dtype, phase = task
-    op = S.op_index()[entry]
     expected = torch.load(path, weights_only=False)["records"]
     os.unlink(path)
 
     def progress(index: int) -> None:
         conn.send(("progress", index))
 
+    op = S.op_index()[entry]
     actual = execute.run_phase(
         op, entry, dtype, phase, device, config.samples, progress, perturb=config.perturb
     )["records"]
-    tol = S.tolerances(op, torch.float64 if phase == "grad" else S.DTYPES[dtype], config.reference)
+    return judge(task, expected, actual, config.reference)
+
+
+def judge(task, expected: list, actual: list, reference: str) -> dict:
+    """The task's result from the reference's records and the device under test's."""
+    import torch
+
+    from . import check
+    from . import samples as S
+
+    entry, dtype, phase = task
+    op = S.op_index()[entry]
+    tol = S.tolerances(op, torch.float64 if phase == "grad" else S.DTYPES[dtype], reference)
     failures, notes, compared, eager_errors, constant = [], set(), 0, 0, 0
     for index, (want, got) in enumerate(zip(expected, actual, strict=False)):
         if want["fingerprint"] != got["fingerprint"]:
@@ -162,3 +178,19 @@ def _test_task(conn, config: Config, device: str, task, path: str) -> dict:
     if constant and constant + eager_errors == compared:
         return {**base, "status": "skip", "category": "not-differentiable", "detail": None}
     return {**base, "status": "pass"}
+
+
+def self_test_inline(task, reference: str = "cpu", samples: int = 4, perturb=None) -> dict:
+    """One task of the self-test in this process, no workers: the checker on its own."""
+    from . import execute
+    from . import samples as S
+
+    entry, dtype, phase = task
+    op = S.op_index()[entry]
+
+    def run(**kwargs) -> list:
+        return execute.run_phase(
+            op, entry, dtype, phase, reference, samples, lambda _: None, **kwargs
+        )["records"]
+
+    return judge(task, run(classify=True), run(perturb=perturb), reference)

@@ -1,10 +1,11 @@
 """The OpInfo sweep's checker passes where it must and fails where it must.
 
-benchmarks/opinfo_sweep.py --self-test runs the reference device in place of relay, so
-every entry has to pass; with --perturb the values read back from the device under test
-are perturbed, so every entry whose values are compared has to fail as wrong values: the
-outputs (category values), the arguments after the op (hidden-mutation) or the gradients
-(grad-values). A checker that cannot fail proves nothing.
+In self-test mode the reference device stands in for relay, so every task has to pass;
+with values perturbed as they are read back from the device under test, every task whose
+values are compared has to fail as wrong values: the outputs (category values), the
+arguments after the op (hidden-mutation) or the gradients (grad-values). A checker that
+cannot fail proves nothing. The checker runs in this process (fast); one small run of the
+command line covers the worker processes and the report.
 """
 
 from __future__ import annotations
@@ -16,61 +17,78 @@ from pathlib import Path
 
 import pytest
 
-SWEEP = Path(__file__).resolve().parents[2] / "benchmarks" / "opinfo_sweep.py"
-# Deterministic ops with finite outputs, an op that mutates an argument its schema does not
-# mark as mutable (batch norm's running stats), a tensor-list op and a random op.
-OPS = "add,sin,cat,nn.functional.batch_norm,nn.functional.dropout"
-MODES = {"self-test": [], "perturb": ["--perturb"], "arguments": ["--perturb", "arguments"]}
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+# Deterministic ops, an op that mutates an argument its schema does not mark as mutable
+# (batch norm's running stats) and a tensor-list op. Random ops run in the command-line test:
+# their OpInfos save the accelerator's generator state, and this process has imported
+# torch_fallback (the reason the sweep keeps eager in processes that never do).
+OPS = ["add", "sin", "cat", "nn.functional.batch_norm"]
 
 
 @pytest.fixture(scope="module")
-def sweeps(tmp_path_factory) -> dict[str, dict]:
-    """Run the three sweeps side by side; their JSON documents by mode."""
-    folder = tmp_path_factory.mktemp("sweep")
-    running = {}
-    for mode, extra in MODES.items():
-        command = [sys.executable, str(SWEEP), "--self-test", "--ops", OPS, "--dtypes",
-                   "float32,float64", "--samples", "2", "--quiet", "--timeout", "60",
-                   "--json", str(folder / f"{mode}.json"), *extra]  # fmt: skip
-        running[mode] = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-    documents = {}
-    for mode, process in running.items():
-        output, _ = process.communicate(timeout=300)
-        assert process.returncode == 0, output
-        documents[mode] = json.loads((folder / f"{mode}.json").read_text())
-    return documents
+def sweep():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from sweep import samples, worker
+
+        yield samples, worker
+    finally:
+        sys.path.remove(str(BENCHMARKS))
 
 
-def test_self_test_passes_everything(sweeps):
-    summary, tasks = sweeps["self-test"]["summary"], sweeps["self-test"]["tasks"]
-    assert summary["entries_failed"] == 0, [t for t in tasks if t["status"] == "fail"]
-    assert summary["entries_passed"] == summary["entries"] == 10
-    phases = {(t["phase"], t["status"]) for t in tasks}
-    assert {("forward", "pass"), ("grad", "pass"), ("inplace", "pass")} <= phases
-    # dropout's outputs depend on the seed: classified, and still passing.
-    dropout = [t for t in tasks if t["entry"] == "nn.functional.dropout"]
-    assert any("random" in note for t in dropout for note in t.get("notes", []))
+@pytest.fixture(scope="module")
+def tasks(sweep) -> list[tuple[str, str, str]]:
+    samples, _ = sweep
+    found = samples.list_tasks("cpu", OPS, ["float32", "float64"], list(samples.PHASES))
+    assert {phase for _, _, phase in found} == {"forward", "grad", "inplace"}
+    return found
 
 
-def test_perturbed_values_fail_as_wrong_values(sweeps):
-    tasks = sweeps["perturb"]["tasks"]
-    checked = [t for t in tasks if t["entry"] != "nn.functional.dropout"]
-    assert checked
-    for task in checked:
-        assert task["status"] == "fail", task
-        assert task["class"] == "wrong-values", task
-        assert task["category"] in ("values", "grad-values"), task
-    assert sweeps["perturb"]["summary"]["failure_classes"]["wrong-values"] >= len(checked)
+def run(sweep, tasks, perturb=None) -> dict:
+    _, worker = sweep
+    return {task: worker.self_test_inline(task, samples=2, perturb=perturb) for task in tasks}
 
 
-def test_perturbed_arguments_fail_as_hidden_mutations(sweeps):
-    tasks = [t for t in sweeps["arguments"]["tasks"] if t["entry"] != "nn.functional.dropout"]
-    assert tasks
-    for task in tasks:
-        if task["phase"] == "inplace":
-            # self is the output: its perturbed value fails as the op's value.
-            assert task["category"] in ("values", "hidden-mutation"), task
-        else:
-            assert task["category"] == "hidden-mutation", task
+def test_self_test_passes_everything(sweep, tasks):
+    results = run(sweep, tasks)
+    failed = {task: r for task, r in results.items() if r["status"] != "pass"}
+    assert not failed
+
+
+@pytest.mark.parametrize(
+    ("perturb", "categories"),
+    [
+        ("all", {"values"}),
+        ("outputs", {"values"}),
+        ("arguments", {"hidden-mutation", "values"}),  # in place, self is the output
+        ("grads", {"grad-values"}),
+    ],
+)
+def test_perturbed_values_fail(sweep, tasks, perturb, categories):
+    if perturb == "grads":
+        tasks = [task for task in tasks if task[2] == "grad"]
+    for task, result in run(sweep, tasks, perturb).items():
+        assert result["status"] == "fail", (task, result)
+        assert result["class"] == "wrong-values", (task, result)
+        assert result["category"] in categories, (task, result)
+        if perturb == "arguments" and task[2] != "inplace":
+            assert result["category"] == "hidden-mutation", (task, result)
+
+
+def test_command_line_self_test(tmp_path):
+    """Reference and test worker processes, the JSON document and the table; a random op
+    (dropout) is classified as such and passes."""
+    out = tmp_path / "sweep.json"
+    command = [
+        sys.executable, str(BENCHMARKS / "opinfo_sweep.py"), "--self-test", "--quiet",
+        "--ops", "sin,nn.functional.dropout", "--dtypes", "float32", "--samples", "3",
+        "--json", str(out),
+    ]  # fmt: skip
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert "pass rate: 100.00%" in completed.stdout
+    document = json.loads(out.read_text())
+    assert document["summary"]["entries_passed"] == document["summary"]["entries"] == 2
+    assert {t["phase"] for t in document["tasks"]} == {"forward", "inplace"}
+    dropout = [t for t in document["tasks"] if t["entry"] == "nn.functional.dropout"]
+    assert any("random" in note for t in dropout for note in t["notes"]), dropout
