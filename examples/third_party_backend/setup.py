@@ -1,6 +1,6 @@
 """tinydev's extension, built against the installed torch and torch-fallback.
 
-    pip install --no-build-isolation .
+pip install --no-build-isolation .
 """
 
 from setuptools import setup

@@ -27,6 +27,10 @@ the global scope that ``import torch_fallback`` prepares:
 
 So the backend's Python package must ``import torch_fallback`` before it
 imports its extension; otherwise loading it fails with "undefined symbol".
+
+Importing this module imports torch_fallback, which refuses (ImportError) a
+torch other than the one its wheel was built against: a backend is never
+compiled against a mismatched pair.
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ def check_headers(directory: Path | None = None) -> Path:
     return directory
 
 
-def BackendExtension(  # noqa: N802  (named like torch's CppExtension, which it returns)
+def BackendExtension(
     name: str,
     sources: Sequence[str | PathLike[str]],
     *,

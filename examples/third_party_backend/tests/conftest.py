@@ -21,7 +21,8 @@ MARKERS = {
     "requires_cuda": "needs a CUDA build of torch AND a visible GPU; skipped without one "
     f"unless {REQUIRE_GPU_ENV}=1, where a missing GPU fails",
     "cpu_wheel": "checks behaviour of a CPU-only torch build (skipped on a CUDA build)",
-    "cuda_wheel": "checks behaviour of a CUDA torch build, GPU or not (skipped on a CPU-only build)",
+    "cuda_wheel": "checks behaviour of a CUDA torch build, GPU or not "
+    "(skipped on a CPU-only build)",
 }
 
 

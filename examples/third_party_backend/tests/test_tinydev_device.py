@@ -125,8 +125,9 @@ def test_cuda_wheel_never_loads_the_stub():
 @pytest.mark.cpu_wheel
 def test_cpu_wheel_calling_c10_cuda_raises_the_stubs_error():
     with pytest.raises(
-        RuntimeError, match=r"c10::cuda::current_device\(\) is unavailable: this PyTorch .* "
-        "was built without CUDA"
+        RuntimeError,
+        match=r"c10::cuda::current_device\(\) is unavailable: this PyTorch .* "
+        "was built without CUDA",
     ):
         tinydev.cuda_current_device()
 
