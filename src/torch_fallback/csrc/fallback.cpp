@@ -429,7 +429,7 @@ class FallbackCall {
     const c10::Storage* home = home_storages_.find(original.storage().unsafeGetStorageImpl());
     const bool shares_memory = home != nullptr && written.storage().is_alias_of(*home) &&
                                written.storage().data() == original.storage().data();
-    if (!same_geometry(written, original)) {
+    if (written.sizes() != original.sizes()) {
       // Eager never resizes an in-place op's self; the target kernel did not either
       // unless the op is wrong for this input, so refuse rather than change it.
       TORCH_CHECK(may_resize, "torch_fallback: ", full_name(), " would change the shape of ",
