@@ -1,0 +1,306 @@
+"""Where the time of one fallback call goes: 1K-element add on relay against native.
+
+(a) Timing: N calls of torch.add on two 1K-element tensors, native (a process that
+    never imports torch_fallback) and relay (fallback target and relay home cpu, or
+    both cuda with --device cuda); median us per call over batches of 100 calls, and
+    the fallback's own time per call from its metrics.
+(b) Instruction counts (CPU only, when valgrind is installed): the same loop, native
+    and relay, under callgrind with instrumentation switched on only around the loop
+    (callgrind_control), then Ir per call per component. The script reads callgrind's
+    output file itself (callgrind_costs.py: caller -> callee inclusive costs), so a
+    component nested in another is counted once: each component's exclusive cost is
+    its inclusive cost minus the components inside it; they add up to the total.
+
+    python benchmarks/overhead_profile.py --json r.json --table r.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from callgrind_costs import component_tree, entered_cost, parse_callgrind
+from training_bench import source_version
+
+BATCH = 100
+WALK = ["to_target", "move_arguments_to_target", "find_backend_device", "choose_target",
+        "check_tensor_device", "for_each_tensor_argument", "copy_to_target"]  # fmt: skip
+# The call tree of one relay add, outermost first: (key, parent, what, name patterns).
+# A component's inclusive cost is what its functions cost when entered from outside it.
+COMPONENTS = [
+    ("binding", "python", "Python binding (THPVariable_add: parse args, wrap result)",
+     [r"^torch::autograd::THPVariable_add\b"]),
+    ("dispatch", "binding", "dispatcher + autograd layer (add_Tensor::call, boxing)",
+     [r"^at::_ops::add_Tensor::call\("]),
+    ("fallback", "dispatch", "fallback itself (boxed_fallback and what it inlines)",
+     [r"torch_fallback::boxed_fallback\(", r"torch_fallback::detail::fallback_kernel<"]),
+    ("inner_dispatch", "fallback", "inner dispatch (callBoxed to the CPU kernel, unboxing)",
+     [r"^c10::Dispatcher::callBoxed", r"^c10::OperatorHandle::callBoxed",
+      r"make_boxed_from_unboxed_functor<.*wrapper_CPU_"]),
+    ("kernel", "inner_dispatch", "CPU kernel (TensorIterator, output allocation)",
+     [r"^at::\(anonymous namespace\)::wrapper_CPU_"]),
+    ("argument_walk", "fallback", "argument walk (to_target, check_tensor_device)",
+     [rf"FallbackCall::({'|'.join(WALK)})\b"]),
+    ("returns", "fallback", "returns (to_backend, write_back)",
+     [r"FallbackCall::(to_backend|move_returns_to_backend|write_back\w*)\b"]),
+    ("settings_metrics", "fallback", "settings + metrics (op_rules, forced_to_cpu, record)",
+     [r"^torch_fallback::(metrics::record|op_rules|OpRules::|forced_to_cpu|target\(\)|"
+      r"cuda_sync|get_cpu_ops|settings)"]),
+    ("teardown", "fallback", "FallbackCall teardown (~FallbackCall)",
+     [r"FallbackCall::~FallbackCall"]),
+    ("release", "python", "result release (THPVariable_dealloc, storage deleters)",
+     [r"^THPVariable_dealloc\b"]),
+]  # fmt: skip
+# Cross-cutting: reported inclusive, not part of the tree.
+WRAPPING = [r"^torch_fallback::tensor_over\(", r"^torch_fallback::relay::adopt\(",
+            r"home_storage\(", r"release_adopted", r"release_home_view"]  # fmt: skip
+VISIBLE_NOTE = "not visible (inlined, or absent)"
+
+
+def timing_child(args: argparse.Namespace) -> int:
+    import torch
+
+    torch.set_num_threads(1)
+    device = "cuda" if args.device == "cuda" else "cpu"
+    fallback_ns = None
+    if args.side == "relay":
+        import torch_fallback
+        import torch_fallback.relay
+
+        torch_fallback.set_target(device)
+        torch_fallback.relay.set_home(device)
+        device = "relay"
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    a, b = torch.randn(1024, device=device), torch.randn(1024, device=device)
+    add = torch.add
+    for _ in range(1000):
+        add(a, b)
+    sync()
+    if args.side == "relay":
+        torch_fallback.reset_metrics()
+    samples = []
+    for _ in range(max(1, args.calls // BATCH)):
+        start = time.perf_counter_ns()
+        for _ in range(BATCH):
+            add(a, b)
+        sync()
+        samples.append((time.perf_counter_ns() - start) / BATCH / 1e3)
+    if args.side == "relay":
+        m = torch_fallback.metrics()["aten::add.Tensor"]
+        fallback_ns = m.time_ns / m.calls
+    result = {
+        "us_per_call": statistics.median(samples),
+        "calls": len(samples) * BATCH,
+        "fallback_us_per_call": None if fallback_ns is None else fallback_ns / 1e3,
+    }
+    print(json.dumps(result))
+    return 0
+
+
+def callgrind_child(args: argparse.Namespace) -> int:
+    """Waits (uninstrumented) for the parent to switch callgrind on, runs the loop."""
+    import torch
+
+    torch.set_num_threads(1)
+    device = "cpu"
+    if args.side == "relay":
+        import torch_fallback
+        import torch_fallback.relay
+
+        torch_fallback.set_target("cpu")
+        torch_fallback.relay.set_home("cpu")
+        device = "relay"
+    a, b = torch.randn(1024, device=device), torch.randn(1024, device=device)
+    add, workdir = torch.add, Path(args.workdir)
+    for _ in range(200):
+        add(a, b)
+    print(f"ready {os.getpid()}", flush=True)
+    while not (workdir / "go").exists():
+        time.sleep(0.1)
+    for _ in range(args.calls):
+        add(a, b)
+    (workdir / "done").touch()
+    while not (workdir / "stop").exists():
+        time.sleep(0.1)
+    return 0
+
+
+def run_timing(side: str, args: argparse.Namespace) -> dict:
+    command = [sys.executable, __file__, "--timing-child", f"--side={side}",
+               f"--device={args.device}", f"--calls={args.calls}"]  # fmt: skip
+    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def run_callgrind(side: str, calls: int, workdir: Path) -> Path:
+    out = workdir / f"callgrind.{side}.out"
+    command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--compress-strings=no",
+               "--compress-pos=no", f"--callgrind-out-file={out}", sys.executable, __file__,
+               "--callgrind-child", f"--side={side}", f"--calls={calls}",
+               f"--workdir={workdir}"]  # fmt: skip
+    for marker in ("go", "done", "stop"):
+        (workdir / marker).unlink(missing_ok=True)
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert child.stdout is not None
+    line = child.stdout.readline()
+    if not line.startswith("ready"):
+        child.wait()
+        raise RuntimeError(f"the callgrind {side} child failed before its loop: {line!r}")
+    pid = line.split()[1]
+    control = lambda state: subprocess.run(  # noqa: E731
+        ["callgrind_control", "-i", state, pid], check=True, capture_output=True
+    )
+    control("on")
+    (workdir / "go").touch()
+    while not (workdir / "done").exists():
+        if child.poll() is not None:
+            raise RuntimeError(f"the callgrind {side} child exited during its loop")
+        time.sleep(0.05)
+    control("off")
+    (workdir / "stop").touch()
+    child.wait()
+    return out
+
+
+def component_costs(path: Path, calls: int) -> dict:
+    total, _, edges = parse_callgrind(path)
+    wrapping, wrapping_found = entered_cost(WRAPPING, edges)
+    return {
+        "total_ir_per_call": total / calls,
+        "components": component_tree(total, edges, calls, COMPONENTS),
+        "wrapping_adoption_ir_per_call": wrapping / calls,
+        "wrapping_functions": wrapping_found,
+    }
+
+
+def render(result: dict) -> str:
+    t = result["timing"]
+    lines = [
+        f"torch {result['meta']['torch']}, device {result['meta']['device']}, 1 CPU thread, "
+        f"{result['meta']['date']}, source {result['meta'].get('source')}",
+        "",
+        f"1K-element add, median us per call over {t['native']['calls']} calls "
+        f"(best of {t.get('rounds', 1)} runs per side)",
+        f"  native {t['native']['us_per_call']:.2f}  relay {t['relay']['us_per_call']:.2f}  "
+        f"overhead {t['relay']['us_per_call'] - t['native']['us_per_call']:+.2f} us; "
+        f"inside the fallback (its metrics): {t['relay']['fallback_us_per_call']:.2f} us",
+    ]
+    cg = result.get("callgrind")
+    if not cg:
+        lines += ["", f"callgrind: {result.get('callgrind_note', 'not run')}"]
+        return "\n".join(lines)
+    native, relay = cg["native"], cg["relay"]
+    by_key = {r["key"]: r for r in native["components"]}
+    total = relay["total_ir_per_call"]
+    # Ir to us at the relay loop's measured rate: a rough guide, not a measurement.
+    us_per_ir = t["relay"]["us_per_call"] / total if result["meta"]["device"] == "cpu" else 0.0
+    head = f"{'component':<62} {'incl':>6} {'excl':>6} {'share':>6} {'~us':>5} "
+    head += f"{'native':>6} {'added':>6}"
+    lines += [
+        "",
+        f"instructions (Ir) per call of the relay add, callgrind, {cg['calls']} calls. "
+        "excl = incl minus the components nested in it;",
+        "share = excl / relay total; ~us = excl at the relay loop's Ir rate; "
+        "native = excl in the native loop; added = excl - native",
+        head,
+        "-" * len(head),
+    ]
+    for row in relay["components"]:
+        n = by_key[row["key"]]["exclusive"]
+        what = "  " * row["depth"] + row["what"]
+        if not (row["functions"] or row["key"] == "python"):
+            lines.append(f"{what:<62} {VISIBLE_NOTE}")
+            continue
+        lines.append(
+            f"{what:<62} {row['inclusive']:>6.0f} {row['exclusive']:>6.0f} "
+            f"{row['exclusive'] / total:>6.1%} {row['exclusive'] * us_per_ir:>5.2f} "
+            f"{n:>6.0f} {row['exclusive'] - n:>+6.0f}"
+        )
+    wrapping = relay["wrapping_adoption_ir_per_call"]
+    walk = next(r["functions"] for r in relay["components"] if r["key"] == "argument_walk")
+    inlined = [n for n in WALK[1:4] if not any(re.search(rf"FallbackCall::{n}\b", f) for f in walk)]
+    lines += [
+        f"{'total':<62} {total:>6.0f} {'':>6} {'':>6} {total * us_per_ir:>5.2f} "
+        f"{native['total_ir_per_call']:>6.0f} {total - native['total_ir_per_call']:>+6.0f}",
+        f"cross-cutting, inclusive: wrapping/adoption (tensor_over, adopt, home_storage, storage "
+        f"release) {wrapping:.0f} Ir ({wrapping / total:.1%}, ~{wrapping * us_per_ir:.2f} us)",
+        f"argument-walk steps inlined into boxed_fallback (counted in 'fallback itself'): "
+        f"{', '.join(inlined) or 'none'}",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=20000, help="timed calls per side")
+    parser.add_argument("--rounds", type=int, default=3, help="timing runs per side, best kept")
+    parser.add_argument("--callgrind-calls", type=int, default=2000)
+    parser.add_argument("--no-callgrind", action="store_true")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="target and home of the timing (callgrind is CPU only)")  # fmt: skip
+    parser.add_argument("--json", help="write results here")
+    parser.add_argument("--table", help="write the table here as text")
+    parser.add_argument("--keep", help="keep the callgrind output files in this folder")
+    parser.add_argument("--from-json", help="only render the table of an earlier run")
+    parser.add_argument("--side", choices=("native", "relay"), help=argparse.SUPPRESS)
+    parser.add_argument("--timing-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--callgrind-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.timing_child:
+        return timing_child(args)
+    if args.callgrind_child:
+        return callgrind_child(args)
+
+    if args.from_json:
+        print(render(json.loads(Path(args.from_json).read_text())))
+        return 0
+    import torch  # metadata only; the measurements run in child processes
+
+    meta = {"torch": str(torch.__version__), "device": args.device}
+    meta |= {"date": time.strftime("%Y-%m-%d"), "python": sys.version.split()[0]}
+    meta["source"] = source_version()
+    result: dict = {"meta": meta}
+    runs: dict[str, list[dict]] = {"native": [], "relay": []}
+    for _ in range(args.rounds):  # alternating; the fastest round of each side is kept
+        for side, results in runs.items():
+            results.append(run_timing(side, args))
+    result["timing"] = {side: min(r, key=lambda x: x["us_per_call"]) for side, r in runs.items()}
+    result["timing"]["rounds"] = args.rounds
+    missing = [t for t in ("valgrind", "callgrind_control") if shutil.which(t) is None]
+    if args.no_callgrind:
+        result["callgrind_note"] = "skipped (--no-callgrind)"
+    elif missing:
+        result["callgrind_note"] = (
+            f"skipped: {', '.join(missing)} not found (apt-get install valgrind)"
+        )
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            workdir = Path(args.keep or tmp)
+            workdir.mkdir(parents=True, exist_ok=True)
+            result["callgrind"] = {"calls": args.callgrind_calls}
+            for side in ("native", "relay"):
+                print(f"callgrind: {side} side, {args.callgrind_calls} calls", file=sys.stderr)
+                path = run_callgrind(side, args.callgrind_calls, workdir)
+                cost = component_costs(path, args.callgrind_calls)
+                result["callgrind"][side] = cost
+    table = render(result)
+    print(table)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    if args.table:
+        Path(args.table).write_text(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,271 @@
+"""The measured side of training_bench.py: one process, native or relay.
+
+`python benchmarks/training_bench.py --side native|relay ...` serves the parent
+from here: plan() lists the side's measurements, measure() runs one of them. The
+native side never imports torch_fallback (a registered PrivateUse1 backend breaks
+native CUDA autograd, pytorch/pytorch#161129); the relay side imports
+torch_fallback.relay and sets the fallback target and the relay home per
+measurement. Each measurement is one row: {"kind", "name", "config", "ref", ...},
+where a relay row's "ref" names the native config it is compared with.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+# (model, small?) -> sizes. The full sizes are the issue's; --small is for CPU hosts.
+CNN = {False: dict(batch=64, side=64, width=64), True: dict(batch=8, side=32, width=16)}
+TRANSFORMER = {
+    False: dict(batch=32, seq=128, d=512, heads=8, layers=6),
+    True: dict(batch=8, seq=32, d=128, heads=4, layers=2),
+}
+PER_OP_CALLS = 100  # calls per sample of the throughput figure
+CROSS_HOME = [  # (op, size) from fallback_bench, the issue's cross-home list first
+    ("add", "1K"), ("sort", "1M"), ("nonzero", "1M"), ("cumsum", "16M"), ("unique", "1M"),
+    ("add", "1M"), ("cumsum", "1M"), ("median", "1M"), ("repeat_interleave", "1M"),
+    ("embedding_bag", "1M"), ("scatter_reduce_mean", "1M"), ("cdist", "1M"),
+]  # fmt: skip
+SIZES = {"1K": 1 << 10, "1M": 1 << 20, "16M": 1 << 24}
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def make_sync(uses_cuda: bool) -> Callable[[], None]:
+    return torch.cuda.synchronize if uses_cuda else (lambda: None)
+
+
+def median_ms(
+    fn: Callable[[], object],
+    sync: Callable[[], None],
+    budget_s: float,
+    warmup: int = 3,
+    min_repeats: int = 5,
+    max_repeats: int = 1000,
+    per_sample: int = 1,
+) -> tuple[float, int]:
+    """Median ms per call of fn(); a sample is `per_sample` calls then one sync."""
+    for _ in range(warmup):
+        fn()
+    sync()
+    samples: list[float] = []
+    deadline = time.perf_counter() + budget_s
+    while len(samples) < max_repeats and (
+        len(samples) < min_repeats or time.perf_counter() < deadline
+    ):
+        start = time.perf_counter()
+        for _ in range(per_sample):
+            fn()
+        sync()
+        samples.append((time.perf_counter() - start) * 1e3 / per_sample)
+    return statistics.median(samples), len(samples)
+
+
+# Training steps.
+
+
+def cnn(small: bool) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    s = CNN[small]
+    w = s["width"]
+    layers: list[nn.Module] = []
+    for i, (cin, cout) in enumerate([(3, w), (w, w), (w, 2 * w), (2 * w, 2 * w)]):
+        layers += [nn.Conv2d(cin, cout, 3, stride=1 if i == 0 else 2, padding=1, bias=False),
+                   nn.BatchNorm2d(cout), nn.ReLU()]  # fmt: skip
+    model = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2 * w, 10))
+    inputs = torch.randn(s["batch"], 3, s["side"], s["side"])
+    return model, inputs, torch.randint(0, 10, (s["batch"],))
+
+
+class Encoder(nn.Module):
+    def __init__(self, d: int, heads: int, layers: int) -> None:
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(d, heads, 4 * d, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x).mean(dim=1))
+
+
+def transformer(small: bool) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    s = TRANSFORMER[small]
+    model = Encoder(s["d"], s["heads"], s["layers"])
+    inputs = torch.randn(s["batch"], s["seq"], s["d"])
+    return model, inputs, torch.randint(0, 10, (s["batch"],))
+
+
+MODELS = {"cnn": cnn, "transformer": transformer}
+
+
+def train_step(spec: dict, args, sync: Callable[[], None]) -> tuple[dict, Callable[[], None]]:
+    torch.manual_seed(0)
+    model, inputs, labels = MODELS[spec["name"]](args.small)
+    device = spec["device"]
+    model = model.to(device).train()
+    inputs, labels = inputs.to(device), labels.to(device)
+    # foreach pinned: relay would default to it, native CPU would not.
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    low = spec["dtype"] == "bf16"
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=low):
+            loss = nn.functional.cross_entropy(model(inputs), labels)
+        loss.backward()
+        optimizer.step()
+
+    ms, repeats = median_ms(step, sync, args.budget, warmup=3, min_repeats=5, max_repeats=200)
+    log(f"train {spec['name']:<12} {spec['dtype']} {spec['config']:<15} {ms:9.3f} ms")
+    return {"median_ms": ms, "repeats": repeats}, step
+
+
+# Per-op overhead at 1K elements.
+
+
+def per_op_cases() -> dict[str, tuple[Callable[[], tuple], Callable[..., object]]]:
+    vector = lambda: (torch.randn(1 << 10), torch.randn(1 << 10))  # noqa: E731
+    return {
+        "add": (vector, lambda a, b: a + b),
+        "add_scalar": (vector, lambda a, b: a + 1.5),
+        "mul": (vector, lambda a, b: a * b),
+        "add_": (vector, lambda a, b: a.add_(b, alpha=1e-6)),
+        "relu": (vector, lambda a, b: torch.relu(a)),
+        "sum": (vector, lambda a, b: a.sum()),
+        "mm_32x32": (lambda: (torch.randn(32, 32), torch.randn(32, 32)), torch.mm),
+        "cat": (vector, lambda a, b: torch.cat([a, b])),
+    }
+
+
+def per_op(spec: dict, args, sync: Callable[[], None]) -> dict:
+    make, run = per_op_cases()[spec["name"]]
+    torch.manual_seed(0)
+    inputs = tuple(t.to(spec["device"]) for t in make())
+    fn = lambda: run(*inputs)  # noqa: E731
+    latency, n1 = median_ms(fn, sync, args.budget / 2, warmup=20, max_repeats=100_000)
+    throughput, n2 = median_ms(
+        fn, sync, args.budget / 2, warmup=20, max_repeats=100_000, per_sample=PER_OP_CALLS
+    )
+    log(f"op    {spec['name']:<12} {spec['config']:<15} {latency * 1e3:8.2f} us  "
+        f"{throughput * 1e3:8.2f} us/call in a loop")  # fmt: skip
+    return {"latency_us": latency * 1e3, "throughput_us": throughput * 1e3,
+            "repeats": n1 + n2 * PER_OP_CALLS}  # fmt: skip
+
+
+# The cross-home path: host data, an op on the GPU.
+
+
+def cross_home_case(op: str, n: int) -> tuple[tuple, Callable[..., object]]:
+    f = torch.nn.functional
+    if op == "add":
+        return (torch.randn(n), torch.randn(n)), torch.add
+    if op in ("sort", "median", "cumsum"):
+        return (torch.randn(n),), {
+            "sort": torch.sort, "median": torch.median, "cumsum": lambda x: torch.cumsum(x, 0)
+        }[op]  # fmt: skip
+    if op == "nonzero":
+        return ((torch.rand(n) > 0.5).float(),), torch.nonzero
+    if op == "unique":
+        return (torch.randint(0, max(2, n // 10), (n,)),), torch.unique
+    if op == "repeat_interleave":
+        return (torch.randn(n), torch.randint(0, 3, (n,))), torch.repeat_interleave
+    if op == "embedding_bag":
+        inputs = (torch.randn(10_000, 64), torch.randint(0, 10_000, (n,)),
+                  torch.arange(max(1, n // 16)) * 16)  # fmt: skip
+        return inputs, lambda w, i, o: f.embedding_bag(i, w, o, mode="sum")
+    if op == "scatter_reduce_mean":
+        m = max(1, n // 4)
+        inputs = (torch.zeros(m), torch.randint(0, m, (n,)), torch.randn(n))
+        return inputs, lambda x, i, s: x.scatter_reduce(0, i, s, reduce="mean")
+    if op == "cdist":
+        side = {1 << 10: 32, 1 << 20: 1024, 1 << 24: 4096}[n]
+        return (torch.randn(side, 64), torch.randn(side, 64)), torch.cdist
+    raise ValueError(op)
+
+
+def to_cpu(result: object) -> object:
+    if isinstance(result, torch.Tensor):
+        return result.to("cpu")
+    return tuple(to_cpu(r) for r in result)  # type: ignore[attr-defined]
+
+
+def cross_home(spec: dict, args, sync: Callable[[], None]) -> dict:
+    """The eager round trip from host tensors, or relay tensors homed on the host."""
+    op, size = spec["name"].split()
+    torch.manual_seed(0)
+    inputs, run = cross_home_case(op, SIZES[size])
+    if spec["device"] == "cuda":
+        fn = lambda: to_cpu(run(*(t.to("cuda") for t in inputs)))  # noqa: E731
+    else:
+        moved = tuple(t.to(spec["device"]) for t in inputs)
+        fn = lambda: run(*moved)  # noqa: E731
+    ms, repeats = median_ms(fn, sync, args.budget, max_repeats=200)
+    log(f"cross {spec['name']:<24} {spec['config']:<18} {ms:9.3f} ms")
+    return {"median_ms": ms, "repeats": repeats}
+
+
+def plan(side: str, device: str) -> list[dict]:
+    """The measurements of one side. "ref" names the native config a relay row compares with."""
+    cuda = device == "cuda"
+    if side == "native":
+        train = [("cuda", "cuda", "cuda", "cuda")] if cuda else [("cpu", "cpu", "cpu", "cpu")]
+        ops = [("cuda", "cuda", "cuda", "cuda")] if cuda else []
+        ops.append(("cpu", "cpu", "cpu", "cpu"))
+        cross = [("eager round trip", "cuda", "cuda", "eager round trip")] if cuda else []
+    else:  # (config, tensor device, fallback target/home, ref)
+        relay_cuda, relay_cpu = ("relay cuda/cuda", "relay", "cuda/cuda", "cuda"), (
+            "relay cpu/cpu", "relay", "cpu/cpu", "cpu")  # fmt: skip
+        train = [relay_cuda] if cuda else [relay_cpu]
+        ops = [relay_cuda, relay_cpu] if cuda else [relay_cpu]
+        cross = [("relay cuda/cpu", "relay", "cuda/cpu", "eager round trip")] if cuda else []
+    specs = []
+    for config, dev, placement, ref in train:
+        specs += [{"kind": "train", "name": name, "dtype": dtype, "config": config,
+                   "device": dev, "placement": placement, "ref": ref}
+                  for name in MODELS for dtype in ("fp32", "bf16")]  # fmt: skip
+    for config, dev, placement, ref in ops:
+        specs += [{"kind": "op", "name": name, "config": config, "device": dev,
+                   "placement": placement, "ref": ref} for name in per_op_cases()]  # fmt: skip
+    for config, dev, placement, ref in cross:
+        specs += [{"kind": "cross_home", "name": f"{op} {size}", "config": config,
+                   "device": dev, "placement": placement, "ref": ref}
+                  for op, size in CROSS_HOME]  # fmt: skip
+    return specs
+
+
+def measure(spec: dict, args) -> dict:
+    """One measurement; relay specs first set the fallback target and the relay home."""
+    uses_cuda = "cuda" in spec["placement"]
+    fallback = None
+    if spec["device"] == "relay":
+        import torch_fallback
+        import torch_fallback.relay
+
+        target, home = spec["placement"].split("/")
+        torch_fallback.set_target(target)
+        torch_fallback.set_cuda_sync("stream")
+        torch_fallback.relay.set_home(home)
+        fallback = torch_fallback
+    else:
+        assert "torch_fallback" not in sys.modules, "the native side imported torch_fallback"
+    sync = make_sync(uses_cuda)
+    row = {k: spec[k] for k in ("kind", "name", "config", "ref") if k in spec}
+    if spec["kind"] == "train":
+        result, step = train_step(spec, args, sync)
+        row["dtype"] = spec["dtype"]
+        if fallback is not None:  # fallback calls of one step
+            fallback.reset_metrics()
+            step()
+            sync()
+            result["fallback_calls"] = sum(m.calls for m in fallback.metrics().values())
+    elif spec["kind"] == "op":
+        result = per_op(spec, args, sync)
+    else:
+        result = cross_home(spec, args, sync)
+    return row | result
