@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from . import settings
-from ._loader import mapped_files, read_build_info, release
 from ._extension import _C
+from ._loader import mapped_files, read_build_info, release
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ import contextlib
 import os
 from collections.abc import Iterable, Mapping
 
-from ._scoped import scoped
 from ._extension import _C
+from ._scoped import scoped
 
 TARGETS = ("cpu", "cuda", "auto")
 CUDA_SYNC_MODES = ("stream", "device")

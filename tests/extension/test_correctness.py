@@ -124,7 +124,7 @@ def test_addr_on_a_0_dim_self_raises_as_in_eager(placement):
             on(reference_device(placement), v), on(reference_device(placement), v)
         )
     a = torch.tensor(1.0, device="relay")
-    with pytest.raises(RuntimeError, match="2D tensor expected|never resizes"):
+    with pytest.raises(RuntimeError, match=r"2D tensor expected|never resizes"):
         a.addr_(on("relay", v), on("relay", v))
     assert a.shape == ()
 
@@ -173,7 +173,7 @@ def test_quantize_is_refused_clearly(placement):
 )
 def test_sparse_results_are_refused_clearly(placement, make_sparse):
     x = torch.ones(2, 2, device="relay")
-    with pytest.raises((NotImplementedError, RuntimeError), match="torch_fallback|relay"):
+    with pytest.raises((NotImplementedError, RuntimeError), match=r"torch_fallback|relay"):
         make_sparse(x)
 
 
@@ -247,7 +247,7 @@ def test_op_without_a_kernel_on_the_target_names_it(placement):
     if placement.target != "cpu":
         pytest.skip("the CPU target is the one without CUDA-only kernels")
     # CUDA-only, and torch-fallback has no CPU decomposition for it.
-    with pytest.raises(NotImplementedError, match="has no CPU kernel .* no decomposition"):
+    with pytest.raises(NotImplementedError, match=r"has no CPU kernel .* no decomposition"):
         torch.ops.aten._cudnn_init_dropout_state(0.5, True, 0, dtype=torch.uint8, device="relay")
 
 
@@ -259,8 +259,16 @@ def test_outputs_the_target_keeps_on_the_cpu_stay_there(placement):
     if placement.target != "cuda":
         pytest.skip("only the CUDA kernel returns CPU outputs")
     q = torch.randn(1, 16, 2, 64)
-    args = dict(bias=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-                max_seqlen_k=None, dropout_p=0.5, custom_mask_type=0, compute_log_sumexp=True)
+    args = dict(
+        bias=None,
+        cu_seqlens_q=None,
+        cu_seqlens_k=None,
+        max_seqlen_q=None,
+        max_seqlen_k=None,
+        dropout_p=0.5,
+        custom_mask_type=0,
+        compute_log_sumexp=True,
+    )
     expected = torch.ops.aten._efficient_attention_forward(*(q.cuda(),) * 3, **args)
     actual = torch.ops.aten._efficient_attention_forward(*(q.to("relay"),) * 3, **args)
     for a, e in zip(actual, expected, strict=True):

@@ -72,7 +72,10 @@ def test_extension_built_for_another_torch_raises_a_clear_import_error(tmp_path)
 
 @pytest.mark.parametrize(
     ("variable", "module"),
-    [("TORCH_FALLBACK_TARGET", "torch_fallback"), ("TORCH_FALLBACK_RELAY_HOME", "torch_fallback.relay")],
+    [
+        ("TORCH_FALLBACK_TARGET", "torch_fallback"),
+        ("TORCH_FALLBACK_RELAY_HOME", "torch_fallback.relay"),
+    ],
 )
 def test_bad_environment_fails_the_import_clearly(tmp_path, variable, module):
     completed = subprocess.run(

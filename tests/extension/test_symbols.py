@@ -12,9 +12,8 @@ import torch
 from elftools.elf.elffile import ELFFile
 
 import torch_fallback
-from torch_fallback import diagnostics
+from torch_fallback import _C, diagnostics
 from torch_fallback._loader import check_torch_version, mapped_files
-from torch_fallback import _C
 
 PACKAGE_DIR = Path(torch_fallback.__file__).parent
 C10_CUDA_PREFIX = "_ZN3c104cuda"

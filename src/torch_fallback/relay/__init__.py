@@ -59,7 +59,7 @@ def set_device(device: DeviceLike) -> None:
     _C.set_device(_index(device))
 
 
-class device:  # noqa: N801  (torch.cuda.device's name)
+class device:
     """``with torch.relay.device(1):`` makes relay:1 current inside the block."""
 
     def __init__(self, device: DeviceLike | None) -> None:
