@@ -2,7 +2,7 @@
 # requires-python = ">=3.11"
 # dependencies = [
 #   "nox>=2025.2.9", "pyyaml>=6", "pydantic>=2.6", "docker>=7", "rich>=13", "pytest>=8",
-#   "hypothesis>=6",
+#   "hypothesis>=6", "packaging>=24",
 # ]
 # ///
 """nox sessions of torch-fallback: thin wrappers over fallback_matrix.
@@ -81,6 +81,31 @@ def summary(session: nox.Session) -> None:
 def test_wheel(session: nox.Session) -> None:
     """Test a wheel built elsewhere in a cell: nox -s test-wheel -- CELL --wheel DIR [--gpus]."""
     _call(session, "test-wheel")
+
+
+@nox.session(name="tooling-tests", python=False)
+def tooling_tests(session: nox.Session) -> None:
+    """The tooling's own tests (tests/matrix), as the checks workflow runs them."""
+    _call(session, "tooling-tests")
+
+
+@nox.session(python=False)
+def dist(session: nox.Session) -> None:
+    """Collect and check the PyPI cells' wheels into dist/: nox -s dist -- CELL... [--tag vX]."""
+    _call(session, "dist")
+
+
+@nox.session(python=False)
+def clean(session: nox.Session) -> None:
+    """Remove leftover containers (-- --caches: also images, volumes, caches, this run's dir)."""
+    _call(session, "clean")
+
+
+@nox.session(name="publish-local")
+def publish_local(session: nox.Session) -> None:
+    """twine upload the built wheels to a local pypiserver; a fresh container installs from it."""
+    session.install("pypiserver>=2", "twine>=5")
+    _call(session, "publish-local", "--tools", session.bin)
 
 
 @nox.session(python=False)

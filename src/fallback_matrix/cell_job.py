@@ -11,11 +11,17 @@ writes a `Job` as JSON and starts ``python3 cell_job.py JOB.json``. Steps:
 2. verify torch  torch.version.cuda must match the cell's variant
 3. sources       the repository copied to a fixed build directory (kept in the
                  cache, so ninja and ccache find their previous work)
-4. build         pip wheel --no-build-isolation --no-deps, through ccache
-5. install       the new wheel into the fresh venv
-6. tests         pytest on the repository's tests, from a directory outside the
+4. build         pip wheel --no-build-isolation --no-deps, through ccache; the wheel
+                 must pin the torch release it was built against (Requires-Dist)
+5. repair        auditwheel repair to a manylinux tag, torch's own libraries
+                 excluded (they come with the torch wheel); auditwheel show
+6. install       the repaired wheel (or a prebuilt one, or torch-fallback from a
+                 package index) into the fresh venv
+7. tests         pytest on the repository's tests, from a directory outside the
                  source tree, so the installed wheel is what gets tested
-7. artifacts     wheel, junit.xml and status.json; ccache statistics
+8. example       the third-party backend example built against the installed
+                 wheel (pip install --no-build-isolation) and its own tests
+9. artifacts     wheel, junit.xml, auditwheel.txt and status.json; ccache statistics
 
 Exit status 0 when every step passed, 1 otherwise; the last lines say which
 step failed and why.
@@ -28,27 +34,45 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
 import sysconfig
 import time
+import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-STEPS = ("environment", "verify torch", "sources", "build", "install", "tests", "artifacts")
+STEPS = (
+    "environment",
+    "verify torch",
+    "sources",
+    "build",
+    "repair",
+    "install",
+    "tests",
+    "example",
+    "artifacts",
+)
+# The environment variable setup.py reads: build without the local version label (PyPI).
+PLAIN_VERSION_ENV = "TORCH_FALLBACK_PLAIN_VERSION"
+# torch's own shared libraries, whatever torch/lib holds besides: a wheel never bundles them.
+TORCH_LIBRARY_PATTERNS = ("libtorch*.so*", "libc10*.so*", "libshm*.so*")
 ENV_COMPLETE_MARKER = ".fallback-matrix-complete"
 SOURCES_MANIFEST = ".fallback-matrix-sources.json"
 CCACHE_WRAPPERS = Path("/usr/lib/ccache")
 PYTEST_NO_TESTS = 5
 
 TORCH_PROBE = (
-    "import json, torch; "
+    "import json, os, torch; "
+    "lib = os.path.join(os.path.dirname(torch.__file__), 'lib'); "
     "print(json.dumps({'version': torch.__version__, 'cuda': torch.version.cuda, "
-    "'file': torch.__file__}))"
+    "'file': torch.__file__, 'libraries': sorted(n for n in os.listdir(lib) if '.so' in n)}))"
 )
 
 
@@ -70,7 +94,11 @@ class Job:
     cache: str
     work: str
     artifacts: str
+    example: str = "examples/third_party_backend"  # built and tested against the wheel
+    plain_version: bool = False  # build without the local version label (the PyPI build)
     prebuilt_wheel: str | None = None  # set: install and test this wheel, build nothing
+    index_url: str | None = None  # set: install `requirement` from this index, build nothing
+    requirement: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2)
@@ -79,7 +107,12 @@ class Job:
     def from_json(cls, text: str) -> Job:
         data = json.loads(text)
         names = {item.name for item in dataclasses.fields(cls)}
-        missing = sorted(names - set(data))
+        required = {
+            item.name
+            for item in dataclasses.fields(cls)
+            if item.default is dataclasses.MISSING and item.default_factory is dataclasses.MISSING
+        }
+        missing = sorted(required - set(data))
         unknown = sorted(set(data) - names)
         if missing or unknown:
             raise ValueError(f"job file: missing keys {missing}, unknown keys {unknown}")
@@ -311,7 +344,7 @@ def torch_matches(job: Job, version: str, cuda: str | None) -> bool:
 
 def verify_torch(
     layout: Layout, venv: Path, env: Mapping[str, str], report: Reporter
-) -> dict[str, str | None]:
+) -> dict[str, Any]:
     job = layout.job
     result = subprocess.run(
         [str(venv_python(venv)), "-c", TORCH_PROBE],
@@ -324,8 +357,8 @@ def verify_torch(
     if result.returncode != 0:
         print(result.stdout + result.stderr, flush=True)
         raise StepFailed(f"cell {job.cell}: torch does not import in {venv}; see the error above")
-    info: dict[str, str | None] = json.loads(result.stdout.strip().splitlines()[-1])
-    version, cuda = info["version"] or "", info["cuda"]
+    info: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    version, cuda = str(info["version"] or ""), info["cuda"]
     report.say(f"torch {version}, torch.version.cuda={cuda!r}, from {info['file']}")
     if not torch_matches(job, version, cuda):
         raise StepFailed(
@@ -429,20 +462,109 @@ def build_wheel(layout: Layout, env: Mapping[str, str]) -> Path:
     return wheels[0]
 
 
-def install_wheel(layout: Layout, wheel: Path, env: Mapping[str, str], report: Reporter) -> None:
+def torch_pins(wheel: Path) -> list[str]:
+    """The ``torch`` requirements in a wheel's METADATA (``Requires-Dist: torch==2.13.0``)."""
+    with zipfile.ZipFile(wheel) as archive:
+        name = next((n for n in archive.namelist() if n.endswith(".dist-info/METADATA")), None)
+        if name is None:
+            raise StepFailed(f"{wheel.name} has no .dist-info/METADATA; it is not a wheel")
+        text = archive.read(name).decode("utf-8", errors="replace")
+    pins = []
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        requirement = value.strip()
+        if key == "Requires-Dist" and re.match(r"torch\b(?![-_.\w])", requirement):
+            pins.append(requirement)
+    return pins
+
+
+def check_torch_pin(wheel: Path, torch_version: str) -> str:
+    """The wheel must require exactly the torch release it was built against."""
+    release = torch_version.split("+", 1)[0]
+    wanted = f"torch=={release}"
+    pins = [pin.replace(" ", "") for pin in torch_pins(wheel)]
+    if pins != [wanted]:
+        raise StepFailed(
+            f"{wheel.name} declares {pins or 'no torch requirement'}, but it was built against "
+            f"torch {torch_version} and only loads under that release: its metadata must say "
+            f"Requires-Dist: {wanted} (setup.py, distribution_metadata)"
+        )
+    return wanted
+
+
+def repair_wheel(
+    layout: Layout, wheel: Path, torch_libraries: Sequence[str], env: Mapping[str, str]
+) -> tuple[Path, str]:
+    """auditwheel repair to the most compatible manylinux tag; torch's own libraries excluded.
+
+    torch's libraries come with the torch wheel the user installs (and this wheel
+    pins): bundling copies of them would load a second libtorch. Returns the
+    repaired wheel and what ``auditwheel show`` says about it.
+    """
+    out = layout.work / "repaired"
+    if out.exists():
+        shutil.rmtree(out)
+    excludes = sorted({*TORCH_LIBRARY_PATTERNS, *torch_libraries})
     must_run(
         [
             venv_python(layout.run_venv),
             "-m",
-            "pip",
-            "install",
-            "--no-index",
-            "--no-deps",
-            "--force-reinstall",
+            "auditwheel",
+            "repair",
+            *(f"--exclude={name}" for name in excludes),
+            "--wheel-dir",
+            out,
             wheel,
         ],
         env,
-        f"installing {wheel.name}",
+        "auditwheel repair",
+    )
+    repaired = sorted(out.glob("*.whl"))
+    if len(repaired) != 1:
+        raise StepFailed(f"auditwheel repair left {[w.name for w in repaired]} in {out}")
+    show = subprocess.run(
+        [str(venv_python(layout.run_venv)), "-m", "auditwheel", "show", str(repaired[0])],
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    report = (show.stdout + show.stderr).strip()
+    print(report, flush=True)
+    if show.returncode != 0 or "manylinux" not in repaired[0].name:
+        raise StepFailed(f"auditwheel show failed on {repaired[0].name}; see above")
+    return repaired[0], report
+
+
+def platform_tag(wheel: Path) -> str:
+    """torch_fallback-0.1.0-cp311-cp311-manylinux_2_35_x86_64.whl -> manylinux_2_35_x86_64."""
+    return wheel.name.removesuffix(".whl").split("-")[-1]
+
+
+def install_wheel(
+    layout: Layout, wheel: Path | None, env: Mapping[str, str], report: Reporter
+) -> None:
+    """Install ``wheel``, or (wheel None) the job's requirement from its package index."""
+    job = layout.job
+    if wheel is not None:
+        source = ["--no-index", "--no-deps", "--force-reinstall", str(wheel)]
+        what = f"installing {wheel.name}"
+    else:
+        assert job.index_url and job.requirement
+        source = [
+            "--index-url",
+            job.index_url,
+            "--find-links",
+            str(layout.wheelhouse),
+            "--no-cache-dir",
+            str(job.requirement),
+        ]
+        what = f"installing {job.requirement} from {job.index_url}"
+        report.say(f"{what}; its dependencies from the environment and the wheelhouse")
+    must_run(
+        [venv_python(layout.run_venv), "-m", "pip", "install", "--progress-bar", "off", *source],
+        env,
+        what,
     )
     layout.test_cwd.mkdir(parents=True, exist_ok=True)
     probe = "import importlib.util; print(importlib.util.find_spec('torch_fallback').origin)"
@@ -513,6 +635,68 @@ def run_tests(layout: Layout, env: Mapping[str, str], report: Reporter) -> None:
     raise StepFailed(f"pytest failed (exit status {status}); see the failures above and junit.xml")
 
 
+def run_example(layout: Layout, env: Mapping[str, str], report: Reporter) -> None:
+    """Build the third-party example backend against the installed wheel; run its tests."""
+    job = layout.job
+    source = layout.repo / job.example
+    if not (source / "pyproject.toml").is_file() and not (source / "setup.py").is_file():
+        raise StepFailed(
+            f"{job.example} is missing from this checkout (no pyproject.toml or setup.py in "
+            f"{source}): every cell builds that example backend against the installed "
+            "torch-fallback wheel and runs its tests. Restore the directory from the "
+            "repository; a cell never skips it"
+        )
+    build = layout.work / "example"
+    if build.exists():
+        shutil.rmtree(build)
+    shutil.copytree(source, build, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    must_run(
+        [
+            venv_python(layout.run_venv),
+            "-m",
+            "pip",
+            "install",
+            "--progress-bar",
+            "off",
+            "--no-build-isolation",
+            "--no-index",
+            "--find-links",
+            layout.wheelhouse,
+            build,
+        ],
+        env,
+        f"pip install --no-build-isolation {job.example}",
+    )
+    tests = build / "tests"
+    if not tests.is_dir():
+        raise StepFailed(f"{job.example} has no tests/ directory; the cell runs its tests")
+    results = layout.artifacts / "example"
+    results.mkdir(parents=True, exist_ok=True)
+    status = run(
+        [
+            venv_python(layout.run_venv),
+            "-m",
+            "pytest",
+            tests,
+            "--rootdir",
+            build,
+            "-p",
+            "no:cacheprovider",
+            "--junitxml",
+            results / "junit.xml",
+            "-o",
+            f"junit_suite_name={job.cell}/example",
+        ],
+        env,
+        cwd=layout.test_cwd,
+    )
+    if status != 0:
+        raise StepFailed(
+            f"the tests of {job.example} failed (pytest exit status {status}); see above"
+        )
+    report.say(f"{job.example}: built against the installed wheel, tests passed")
+
+
 def ccache_stats(env: Mapping[str, str]) -> None:
     if shutil.which("ccache", path=env.get("PATH")) and "CCACHE_DIR" in env:
         run(["ccache", "-s"], env)
@@ -529,31 +713,47 @@ def execute(job: Job) -> int:
     build = env
     layout.work.mkdir(parents=True, exist_ok=True)
     layout.artifacts.mkdir(parents=True, exist_ok=True)
+    wheel: Path | None = None
     try:
         with report.step("environment"):
             base = ensure_base_env(layout, env, report)
             venv = create_run_venv(layout, base, env, report)
         with report.step("verify torch"):
-            status["torch"] = verify_torch(layout, venv, env, report)
+            torch_info = verify_torch(layout, venv, env, report)
+            libraries = list(torch_info.pop("libraries", None) or [])
+            status["torch"] = torch_info
+        build = build_env(layout, base, env, report)
         if job.prebuilt_wheel:
             wheel = Path(job.prebuilt_wheel)
-            report.say(f"testing the prebuilt wheel {wheel}: steps sources and build skipped")
+            report.say(f"testing the prebuilt wheel {wheel}: steps sources to repair skipped")
+        elif job.index_url:
+            report.say(f"installing {job.requirement} from {job.index_url}: no build")
         else:
+            if job.plain_version:
+                build[PLAIN_VERSION_ENV] = "1"
             build_lock = layout.build_dir.with_name(layout.build_dir.name + ".lock")
             with locked(build_lock, "the build dir", report):
                 with report.step("sources"):
                     sync_sources(layout, report)
                 with report.step("build"):
-                    build = build_env(layout, base, env, report)
-                    wheel = build_wheel(layout, build)
+                    built = build_wheel(layout, build)
+                    status["requires"] = check_torch_pin(built, str(torch_info["version"]))
+                    report.say(f"{built.name}: Requires-Dist: {status['requires']}")
+            with report.step("repair"):
+                wheel, shown = repair_wheel(layout, built, libraries, build)
+                (layout.artifacts / "auditwheel.txt").write_text(shown + "\n", encoding="utf-8")
+                status["platform"] = platform_tag(wheel)
         with report.step("install"):
             install_wheel(layout, wheel, env, report)
         with report.step("tests"):
             run_tests(layout, env, report)
+        with report.step("example"):
+            run_example(layout, build, report)
         with report.step("artifacts"):
-            shutil.copy2(wheel, layout.artifacts / wheel.name)
-            status["wheel"] = wheel.name
-            report.say(f"{wheel.name} -> {layout.artifacts}")
+            if wheel is not None:
+                shutil.copy2(wheel, layout.artifacts / wheel.name)
+                status["wheel"] = wheel.name
+                report.say(f"{wheel.name} -> {layout.artifacts}")
             ccache_stats(build)
         status["result"] = "passed"
     except StepFailed as error:

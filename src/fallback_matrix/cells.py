@@ -33,6 +33,7 @@ class Cell:
     torch: str
     cuda: str | None
     gpu: bool
+    pypi: bool
     index: IndexUrl
     image: ImageSpec
     tests: TestSelection
@@ -117,6 +118,7 @@ def expand_cells(
                 torch=cell.torch,
                 cuda=cell.cuda,
                 gpu=cell.gpu,
+                pypi=cell.pypi,
                 index=_resolve_index(spec, cell.variant, environ, overrides),
                 image=image,
                 tests=tests,

@@ -285,6 +285,70 @@ def cmd_test_wheel(args: argparse.Namespace, reporter: Reporter) -> int:
     return _report_failures(reporter, [result])
 
 
+def cmd_tooling_tests(args: argparse.Namespace, reporter: Reporter) -> int:
+    matrix = _matrix(args)
+    artifacts = _artifacts(args, matrix)
+    passed = run_tooling_tests(matrix, artifacts, reporter)
+    _publish(reporter, artifacts, [TOOLING_ROW], title="tooling")
+    return EXIT_OK if passed else EXIT_FAILED
+
+
+def cmd_dist(args: argparse.Namespace, reporter: Reporter) -> int:
+    from .release import collect_dist
+
+    matrix = _matrix(args)
+    cells = pick_cells(_cells(args, matrix), args.cells)
+    tag = args.tag or os.environ.get("GITHUB_REF_NAME") or None
+    if tag and not tag.startswith("v"):
+        tag = None  # not a version tag (a branch): the version is not checked against it
+    out = Path(args.out).resolve()
+    for wheel in collect_dist(_artifacts(args, matrix), cells, out, tag):
+        reporter.note(f"{wheel.name} -> {out}")
+    return EXIT_OK
+
+
+def cmd_publish_local(args: argparse.Namespace, reporter: Reporter) -> int:
+    """twine upload to a local pypiserver, then a fresh container installs from it."""
+    from .console import CellLog
+    from .pipeline import run_cell
+    from .release import LocalIndex, cell_wheel
+    from .wheel_tests import renamed
+
+    matrix = _matrix(args)
+    artifacts = _artifacts(args, matrix)
+    (cell,) = pick_cells(_cells(args, matrix), [args.cell])
+    wheels = sorted({w.name: w for w in artifacts.glob("*/torch_fallback-*.whl")}.values())
+    if not wheels:
+        reporter.error(f"no wheels under {artifacts}; build cells first (nox -s build-cpu)")
+        return EXIT_USAGE
+    wanted = cell_wheel(artifacts, cell.name)
+    version = wanted.name.split("-")[1]
+    target = renamed(cell, f"{cell.name}-from-index")
+    log_dir = artifacts / "publish-local"
+    packages = cache_root(matrix.root) / "local-index"
+    for stale in (log_dir, packages):
+        shutil.rmtree(stale, ignore_errors=True)
+    with (
+        CellLog(reporter, "publish", log_dir / "publish.log") as log,
+        LocalIndex(Path(args.tools), packages, log) as index,
+    ):
+        index.upload(wheels)
+        decision = decide_runner("docker")
+        result = run_cell(
+            matrix,
+            target,
+            make_runner(decision),
+            cache_root=cache_root(matrix.root),
+            artifacts_root=artifacts,
+            gpus=False,
+            reporter=reporter,
+            index_url=f"{index.url}/simple/",
+            requirement=f"torch-fallback=={version}",
+        )
+    _publish(reporter, artifacts, [target.name], title="installed from the local index")
+    return _report_failures(reporter, [result])
+
+
 def cmd_workflows(args: argparse.Namespace, reporter: Reporter) -> int:
     from .workflows import check_workflows, plan_workflows, write_workflows
 
@@ -306,7 +370,12 @@ def cmd_workflows(args: argparse.Namespace, reporter: Reporter) -> int:
 
 
 def cmd_clean(args: argparse.Namespace, reporter: Reporter) -> int:
-    from .runners.docker_runner import CACHE_VOLUME, LABEL, leftover_containers
+    from .runners.docker_runner import (
+        CACHE_VOLUME,
+        DOCKER_CACHE_ENV,
+        LABEL,
+        leftover_containers,
+    )
     from .runners.engine import engine_status
 
     matrix = _matrix(args)
@@ -322,6 +391,10 @@ def cmd_clean(args: argparse.Namespace, reporter: Reporter) -> int:
             container.remove(force=True)
             reporter.note(f"removed leftover container {container.name}")
         if args.caches:
+            run_dir = os.environ.get(DOCKER_CACHE_ENV, "")
+            if run_dir[:1] == "/" and Path(run_dir).exists():
+                shutil.rmtree(run_dir, ignore_errors=True)
+                reporter.note(f"removed {run_dir} (${DOCKER_CACHE_ENV})")
             for volume in client.volumes.list(filters={"name": CACHE_VOLUME}):
                 volume.remove(force=True)
                 reporter.note(f"removed volume {volume.name}")
@@ -424,6 +497,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_run_options(test_wheel, default_runner="docker")
     test_wheel.set_defaults(handler=cmd_test_wheel)
+
+    tooling = commands.add_parser("tooling-tests", help="the tooling's own tests (tests/matrix)")
+    tooling.add_argument("--artifacts", metavar="DIR", help="artifacts root")
+    tooling.set_defaults(handler=cmd_tooling_tests)
+
+    dist = commands.add_parser("dist", help="collect and check the PyPI cells' wheels into dist/")
+    dist.add_argument("cells", nargs="+", metavar="CELL")
+    dist.add_argument("--out", default="dist", metavar="DIR", help="where to (default dist/)")
+    dist.add_argument(
+        "--tag", help="the version tag, e.g. v0.1.0 (default $GITHUB_REF_NAME when it is one)"
+    )
+    dist.add_argument("--artifacts", metavar="DIR", help="artifacts root")
+    dist.set_defaults(handler=cmd_dist)
+
+    publish = commands.add_parser(
+        "publish-local",
+        help="twine upload every built wheel to a local pypiserver, then install one cell's "
+        "torch-fallback from it in a fresh container and run the cell's tests",
+    )
+    publish.add_argument("--cell", default="cpu", help="the cell to install into (default cpu)")
+    publish.add_argument(
+        "--tools", required=True, metavar="DIR", help="directory holding pypi-server and twine"
+    )
+    publish.add_argument("--artifacts", metavar="DIR", help="artifacts root")
+    _add_index_option(publish)
+    publish.set_defaults(handler=cmd_publish_local, gpus=False)
 
     workflows = commands.add_parser("workflows", help="generate .github/workflows from matrix.yaml")
     workflows.add_argument(

@@ -60,6 +60,8 @@ def run_cell(
     gpus: bool,
     reporter: Reporter,
     prebuilt_wheel: Path | None = None,
+    index_url: str | None = None,
+    requirement: str | None = None,
 ) -> CellResult:
     """Run one cell; failures end up in the result (and its log), never as an exception."""
     artifacts = _fresh_dir(artifacts_root / cell.name)
@@ -76,7 +78,9 @@ def run_cell(
         try:
             requirements = dependency_groups(matrix.root / "pyproject.toml")
             request = WheelhouseRequest.for_cell(cell, requirements)
-            wheelhouse = ensure_wheelhouse(request, cell.index.url, cache_root, log)
+            wheelhouse = ensure_wheelhouse(
+                request, cell.index.url, cache_root, log, variant=cell.variant
+            )
             work = CellWork(
                 cell=cell,
                 requirements=requirements,
@@ -87,6 +91,8 @@ def run_cell(
                 cache_root=cache_root,
                 gpus=gpus,
                 prebuilt_wheel=prebuilt_wheel,
+                index_url=index_url,
+                requirement=requirement,
             )
             outcome = runner.run(work, log)
             exit_code, where = outcome.exit_code, outcome.where

@@ -1,7 +1,9 @@
 """A table of cells x build and test results, from the artifacts of a run.
 
 Reads ``artifacts/<cell>/``: result.json (the host's record), status.json (the
-job's steps) and junit.xml (pytest). The same rows render as a rich table for
+job's steps) and junit.xml (pytest). The third-party example a cell builds and
+tests against its wheel (step ``example``, results in ``<cell>/example/``) is a
+row of its own, ``<cell>/example``. The same rows render as a rich table for
 the terminal and as GitHub-flavoured markdown for $GITHUB_STEP_SUMMARY.
 """
 
@@ -22,6 +24,7 @@ RESULT_FILE = "result.json"
 STATUS_FILE = "status.json"
 JUNIT_FILE = "junit.xml"
 LOG_FILE = "cell.log"
+EXAMPLE_DIR = "example"
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,24 @@ def read_row(cell_dir: Path) -> CellRow:
     )
 
 
+def example_row(cell_dir: Path, cell: CellRow) -> CellRow | None:
+    """The row of the example step of a cell whose job ran (status.json), else None."""
+    status = _read_json(cell_dir / STATUS_FILE)
+    if not status:
+        return None
+    step = next((s for s in status.get("steps", []) if s.get("name") == "example"), {})
+    state = {"ok": "ok", "failed": "failed"}.get(step.get("status"), "not reached")
+    return CellRow(
+        cell=f"{cell.cell}/{EXAMPLE_DIR}",
+        runner=cell.runner,
+        build=state,
+        tests=read_counts(cell_dir / EXAMPLE_DIR / JUNIT_FILE),
+        result="passed" if state == "ok" else "FAILED",
+        seconds=step.get("seconds"),
+        log=cell.log,
+    )
+
+
 def collect_rows(artifacts_root: Path, cells: Sequence[str] | None = None) -> list[CellRow]:
     """Rows for ``cells`` (default: every cell directory under ``artifacts_root``)."""
     if cells is None:
@@ -75,7 +96,14 @@ def collect_rows(artifacts_root: Path, cells: Sequence[str] | None = None) -> li
             for p in artifacts_root.glob("*")
             if (p / RESULT_FILE).is_file() or (p / STATUS_FILE).is_file()
         )
-    return [read_row(artifacts_root / cell) for cell in cells]
+    rows = []
+    for cell in cells:
+        row = read_row(artifacts_root / cell)
+        rows.append(row)
+        example = example_row(artifacts_root / cell, row)
+        if example is not None:
+            rows.append(example)
+    return rows
 
 
 def total_counts(rows: Sequence[CellRow]) -> JUnitCounts:

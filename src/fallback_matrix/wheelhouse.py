@@ -1,9 +1,17 @@
-"""Per-cell wheelhouses: every wheel a cell installs, downloaded once on the host.
+"""Wheelhouses: every wheel a cell installs, downloaded once on the host.
 
 A container then installs offline (``--no-index --find-links``) from a
-read-only mount. A wheelhouse lives in ``<cache>/wheelhouse/<cell>-<key>/``,
-``key`` hashing what it installs; it is filled in a temporary directory and
-renamed into place only when complete, so an interrupted fill is never trusted.
+read-only mount. A wheelhouse lives in ``<cache>/wheelhouse/<name>/``, named
+after what it installs (torch, Python and a hash of the rest), never after the
+cell: cells that install the same things (a build cell and the GPU cell that
+tests its wheel) share one directory, and CI caches it once. It is filled in a
+temporary directory and renamed into place only when complete, so an
+interrupted fill is never trusted.
+
+torch comes from the variant's index when that answers, with none of the machine's pip
+configuration (PIP_CONFIG_FILE=/dev/null): a find-links folder or a
+constraint file of the machine must not swap the build the cell pins (a local
+``+cpu`` file for a CUDA cell, a cap below the pinned release).
 """
 
 from __future__ import annotations
@@ -12,11 +20,15 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Protocol
+
+from packaging.version import Version
 
 from .cells import Cell
 from .console import CellLog
@@ -35,8 +47,12 @@ PLATFORMS: tuple[str, ...] = (
 )
 MANIFEST_NAME = "wheelhouse.json"
 
-PipDownload = Callable[[Sequence[str]], int]
-"""Runs ``pip download ARGS`` and returns its exit status."""
+
+class PipDownload(Protocol):
+    """Runs ``pip download ARGS`` (in ``env`` when given) and returns its exit status."""
+
+    def __call__(self, args: Sequence[str], env: Mapping[str, str] | None = None) -> int: ...
+
 
 IndexProbe = Callable[[str], ProbeResult]
 
@@ -66,7 +82,9 @@ class WheelhouseRequest:
         return digest[:12]
 
     def dirname(self) -> str:
-        return f"{self.cell}-{self.key()}"
+        """torch-2.14.1-py3.11-<key>: what it holds, so equal requests share it."""
+        version = self.torch_requirement.removeprefix("torch==").replace("+", "-")
+        return f"torch-{version}-py{self.python}-{self.key()}"
 
 
 def wheelhouse_path(cache_root: Path, request: WheelhouseRequest) -> Path:
@@ -101,8 +119,7 @@ def check_torch_wheel(directory: Path, request: WheelhouseRequest) -> Path:
             f"in the wheelhouse, found {names}"
         )
     got = wheel_version(found[0])
-    matches = got == wanted if "+" in wanted else got.split("+")[0] == wanted
-    if not matches:
+    if not torch_version_matches(wanted, got):
         raise WheelhouseError(
             f"cell {request.cell}: pip downloaded {found[0].name} for {request.torch_requirement}: "
             f"wanted version {wanted}, got {got}. Check the index it used (above) and pip's "
@@ -111,12 +128,59 @@ def check_torch_wheel(directory: Path, request: WheelhouseRequest) -> Path:
     return found[0]
 
 
-def host_pip_download(log: CellLog) -> PipDownload:
-    """Run pip download with the host's Python and pip configuration, logging each line."""
+def torch_version_matches(wanted: str, got: str) -> bool:
+    """Whether torch ``got`` ("2.13.0+cpu") is the pin ``wanted`` ("2.13.0+cpu" or "2.13.0")."""
+    wanted_version, got_version = Version(wanted), Version(got)
+    if wanted_version.local is not None:
+        return got_version == wanted_version
+    return got_version.public == wanted_version.public
 
-    def download(args: Sequence[str]) -> int:
+
+def check_variant(wheel: Path, request: WheelhouseRequest, variant: str) -> None:
+    """A CUDA cell must not get a CPU-only torch (PyPI's CUDA wheels carry no +cpu label)."""
+    local = Version(wheel_version(wheel)).local or ""
+    if variant == "cuda" and local.startswith("cpu"):
+        raise WheelhouseError(
+            f"cell {request.cell}: pip downloaded {wheel.name}, a CPU-only build, for a CUDA "
+            "cell: a find-links folder or index of this machine offers it first. Point the "
+            "cuda variant at an index with CUDA builds (--index-url cuda=URL)"
+        )
+
+
+def pip_cert(environ: Mapping[str, str]) -> str | None:
+    """The CA bundle pip is configured with (PIP_CERT, else pip's config), if any."""
+    for key in ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE"):
+        if environ.get(key):
+            return environ[key]
+    listing = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
+    )
+    for line in listing.stdout.splitlines():
+        key, _, value = line.partition("=")
+        if key.endswith(".cert") and value.strip("'\""):
+            return value.strip("'\"")
+    return None
+
+
+def hermetic_pip(environ: Mapping[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """pip options and environment that ignore every pip configuration but the CA bundle.
+
+    ``pip --isolated`` still reads the site-wide config files (a find-links folder,
+    a constraint file); PIP_CONFIG_FILE=/dev/null reads none.
+    """
+    environ = os.environ if environ is None else environ
+    cert = pip_cert(environ)
+    env = {key: value for key, value in environ.items() if not key.startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    return (["--cert", cert] if cert else []), env
+
+
+def host_pip_download(log: CellLog) -> PipDownload:
+    """pip download with the host's Python (and its pip configuration, unless given ``env``)."""
+
+    def download(args: Sequence[str], env: Mapping[str, str] | None = None) -> int:
         command = [sys.executable, "-m", "pip", "download", "--progress-bar", "off", *args]
-        return run_streaming(command, log.line)
+        return run_streaming(command, log.line, env=env)
 
     return download
 
@@ -129,6 +193,7 @@ def ensure_wheelhouse(
     *,
     pip_download: PipDownload | None = None,
     probe: IndexProbe = probe_index,
+    variant: str = "cpu",
 ) -> Path:
     """The complete wheelhouse of ``request``, filled now unless an earlier fill completed."""
     final = wheelhouse_path(cache_root, request)
@@ -140,7 +205,7 @@ def ensure_wheelhouse(
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent))
     try:
-        _fill(request, index_url, staging, log, pip_download, probe)
+        _fill(request, index_url, staging, log, pip_download, probe, variant)
         staging.chmod(0o755)  # mkdtemp makes it 0700; the container user must read it
         if (final / MANIFEST_NAME).is_file():
             log.step(f"wheelhouse: another run completed {final} meanwhile; using it")
@@ -162,19 +227,27 @@ def _fill(
     log: CellLog,
     pip_download: PipDownload,
     probe: IndexProbe,
+    variant: str,
 ) -> None:
     target = _target_args(request)
     result = probe(index_url)
+    env: dict[str, str] | None = None
     if result.reachable:
-        log.step(f"wheelhouse: {request.torch_requirement} from {index_url}")
-        index_args = ["--index-url", index_url]
+        log.step(
+            f"wheelhouse: {request.torch_requirement} from {index_url} "
+            "(no pip configuration of this machine applies to torch)"
+        )
+        cert_args, env = hermetic_pip()
+        index_args = [*cert_args, "--index-url", index_url]
     else:
         log.step(
             f"index {index_url} unreachable ({result.detail}); "
             "using pip's own configuration instead"
         )
         index_args = []
-    status = pip_download([*target, *index_args, "--dest", str(staging), request.torch_requirement])
+    status = pip_download(
+        [*target, *index_args, "--dest", str(staging), request.torch_requirement], env
+    )
     if status != 0:
         raise WheelhouseError(
             f"cell {request.cell}: pip download of {request.torch_requirement} failed "
@@ -182,6 +255,7 @@ def _fill(
             "see its output above. Check the index, or set it with --index-url VARIANT=URL"
         )
     torch_wheel = check_torch_wheel(staging, request)
+    check_variant(torch_wheel, request, variant)
     log.step(f"wheelhouse: got {torch_wheel.name}")
     log.step(f"wheelhouse: {', '.join(request.requirements)} from pip's configured index")
     status = pip_download([*target, "--dest", str(staging), *request.requirements])

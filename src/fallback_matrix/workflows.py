@@ -52,6 +52,7 @@ CACHE_DIR = ".cache/fallback-matrix"
 DOCKER_CACHE_DIR = f"{CACHE_DIR}/docker"
 BUILD_TIMEOUT_MINUTES = 90
 TEST_TIMEOUT_MINUTES = 60
+CLEAN_COMMAND = "nox -s clean -- --caches"
 SUMMARY_TIMEOUT_MINUTES = 10
 
 
@@ -68,24 +69,29 @@ class Action:
         return f"{self.repo}@{self.sha}"
 
 
+# The newest release of each action's major line. actions/cache before v4.2.0 talks to
+# the cache service GitHub retired (runs using it fail); the others are current v4/v5/v1.
 ACTIONS: Mapping[str, Action] = {
-    "checkout": Action("actions/checkout", "11bd71901bbe5b1630ceea73d27597364c9af683", "v4.2.2"),
+    "checkout": Action("actions/checkout", "08eba0b27e820071cde6df949e0beb9ba4906955", "v4.3.0"),
     "setup-python": Action(
-        "actions/setup-python", "0b93645e9fea7318ecaed2b359559ac225c90357", "v5.3.0"
+        "actions/setup-python", "a26af69be951a213d495a4c3e4e4022e16d87065", "v5.6.0"
     ),
     "upload-artifact": Action(
-        "actions/upload-artifact", "b4b15b8c7c6ac21ea08fcf65892d2ee8c75cf882", "v4.4.3"
+        "actions/upload-artifact", "ea165f8d65b6e75b540449e92b4886f43607fa02", "v4.6.2"
     ),
     "download-artifact": Action(
-        "actions/download-artifact", "fa0a91b85d4f404e444e00e005971372dc801d16", "v4.1.8"
+        "actions/download-artifact", "d3f86a106a0bac45b974a628896c90dbdf5c8093", "v4.3.0"
     ),
-    "cache": Action("actions/cache", "6849a6489940f00c2f30c0fb92c6274307ccb58a", "v4.1.2"),
+    "cache": Action("actions/cache", "5a3ec84eff668545956fd18022155c47e93e2684", "v4.2.3"),
+    "pypi-publish": Action(
+        "pypa/gh-action-pypi-publish", "76f52bc884231f62b9a034ebfe128415bbaabdfc", "v1.12.4"
+    ),
 }
 
 
 @dataclass(frozen=True)
 class WorkflowKind:
-    """One generated workflow: the cells of one selection, on one trigger."""
+    """One generated workflow of matrix cells: the cells of one selection, on one trigger."""
 
     selection: SelectionName
     file_name: str
@@ -107,6 +113,18 @@ WORKFLOW_KINDS: tuple[WorkflowKind, ...] = (
         trigger={"push": {"branches": ["main"]}, "workflow_dispatch": {}},
     ),
 )
+CHECKS_FILE = "checks.yml"
+RELEASE_FILE = "release.yml"
+# A new run cancels an older one of the same pull request; pushes to main never cancel
+# each other (each merge's GPU tests finish).
+CANCEL_PULL_REQUESTS_ONLY = "${{ github.event_name == 'pull_request' }}"
+# The GPU job runs for pushes to main (or a manual run of main), inside the `gpu`
+# environment, whose deployment rules (main only; reviewers if wanted) GitHub enforces.
+GPU_CONDITION = "github.ref == 'refs/heads/main'"
+GPU_ENVIRONMENT = "gpu"
+PYPI_ENVIRONMENT = {"name": "pypi", "url": "https://pypi.org/p/torch-fallback"}
+# A directory of this run only, in the runner's temp (emptied by the runner after each job).
+RUN_DIR = "${{ runner.temp }}/fallback-matrix-${{ github.run_id }}-${{ github.run_attempt }}"
 
 
 # --- the plan: which jobs a selection needs ------------------------------------------------------
@@ -240,7 +258,9 @@ def _download(name: str) -> dict[str, Any]:
 # --- jobs ----------------------------------------------------------------------------------------
 
 
-def build_job(cell: Cell, requirements: Sequence[str]) -> dict[str, Any]:
+def build_job(cell: Cell, requirements: Sequence[str], *, caches: bool = True) -> dict[str, Any]:
+    """``nox -s build-<cell>``; ``caches`` False for releases (no cache may feed a publish)."""
+    cached = [_wheelhouse_cache(cell, requirements), _compiler_cache(cell, requirements)]
     return {
         "name": f"build {cell.name} (torch {cell.torch}, Python {cell.python})",
         "runs-on": list(cell.runner_labels),
@@ -248,22 +268,30 @@ def build_job(cell: Cell, requirements: Sequence[str]) -> dict[str, Any]:
         "env": {DOCKER_CACHE_ENV: "${{ github.workspace }}/" + DOCKER_CACHE_DIR},
         "steps": [
             *_setup(cell.python),
-            _wheelhouse_cache(cell, requirements),
-            _compiler_cache(cell, requirements),
+            *(cached if caches else []),
             _run(f"nox -s build-{cell.name}", f"nox -s build-{cell.name} -- --runner docker"),
             _upload(cell.name),
         ],
     }
 
 
+def _per_run(step: dict[str, Any]) -> dict[str, Any]:
+    """``step`` with the Docker runner's caches in a directory of this run only."""
+    return {**step, "env": {DOCKER_CACHE_ENV: RUN_DIR}}
+
+
 def gpu_job(test: GpuTest, requirements: Sequence[str]) -> dict[str, Any]:
+    """The GPU cell on a self-hosted runner: main only, in an environment, cleaned up after."""
     cell, source = test.cell, test.source
     command = (
         f"nox -s test-wheel -- {cell.name} --wheel artifacts/{source.name} --gpus --runner docker"
     )
+    cleanup = _per_run(_run("clean up containers, images and this run's caches", CLEAN_COMMAND))
     return {
         "name": f"GPU tests {cell.name} (wheel of {source.name})",
         "needs": [f"build-{source.name}"],
+        "if": GPU_CONDITION,
+        "environment": GPU_ENVIRONMENT,
         "runs-on": list(cell.runner_labels),
         "timeout-minutes": TEST_TIMEOUT_MINUTES,
         "env": {"TORCH_FALLBACK_REQUIRE_GPU": "1"},
@@ -271,13 +299,16 @@ def gpu_job(test: GpuTest, requirements: Sequence[str]) -> dict[str, Any]:
             *_setup(cell.python),
             _wheelhouse_cache(cell, requirements),
             _download(source.name),
-            _run(f"nox -s test-wheel ({cell.name})", command),
+            _per_run(_run(f"nox -s test-wheel ({cell.name})", command)),
             _upload(cell.name),
+            {"name": cleanup.pop("name"), "if": "always()", **cleanup},
         ],
     }
 
 
-def cross_job(test: CrossTest, requirements: Sequence[str]) -> dict[str, Any]:
+def cross_job(
+    test: CrossTest, requirements: Sequence[str], *, caches: bool = True
+) -> dict[str, Any]:
     from .wheel_tests import renamed
 
     cell = renamed(test.cuda, test.name)
@@ -290,9 +321,10 @@ def cross_job(test: CrossTest, requirements: Sequence[str]) -> dict[str, Any]:
         "needs": [f"build-{test.cpu.name}"],
         "runs-on": list(test.cuda.runner_labels),
         "timeout-minutes": TEST_TIMEOUT_MINUTES,
+        "env": {DOCKER_CACHE_ENV: "${{ github.workspace }}/" + DOCKER_CACHE_DIR},
         "steps": [
             *_setup(test.cuda.python),
-            _wheelhouse_cache(cell, requirements),
+            *([_wheelhouse_cache(cell, requirements)] if caches else []),
             _download(test.cpu.name),
             _run(f"nox -s test-wheel ({test.name})", command),
             _upload(test.name),
@@ -315,35 +347,130 @@ def summary_job(needs: Sequence[str], labels: Sequence[str], python: str) -> dic
     }
 
 
+def _cell_jobs(
+    cells: Sequence[Cell], requirements: Sequence[str], *, gpu: bool, caches: bool
+) -> dict[str, Any]:
+    jobs: dict[str, Any] = {}
+    for cell in cells:
+        if not cell.gpu:
+            jobs[f"build-{cell.name}"] = build_job(cell, requirements, caches=caches)
+    if gpu:
+        for test in gpu_tests(cells):
+            jobs[f"gpu-{test.cell.name}"] = gpu_job(test, requirements)
+    for cross in cross_tests(cells):
+        jobs[cross.name] = cross_job(cross, requirements, caches=caches)
+    return jobs
+
+
+def _frame(title: str, trigger: dict[str, Any], jobs: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": title,
+        "on": trigger,
+        "permissions": {"contents": "read"},
+        "concurrency": {
+            "group": "${{ github.workflow }}-${{ github.event.pull_request.number || github.ref }}",
+            "cancel-in-progress": CANCEL_PULL_REQUESTS_ONLY,
+        },
+        "env": {"FORCE_COLOR": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+        "jobs": jobs,
+    }
+
+
 def workflow(
     matrix: LoadedMatrix, kind: WorkflowKind, requirements: Sequence[str]
 ) -> dict[str, Any]:
     """The workflow of one selection, as plain data."""
     cells = expand_cells(matrix.spec, selection=kind.selection)
-    jobs: dict[str, Any] = {}
-    for cell in cells:
-        if not cell.gpu:
-            jobs[f"build-{cell.name}"] = build_job(cell, requirements)
-    for test in gpu_tests(cells):
-        jobs[f"gpu-{test.cell.name}"] = gpu_job(test, requirements)
-    for cross in cross_tests(cells):
-        jobs[cross.name] = cross_job(cross, requirements)
+    jobs = _cell_jobs(cells, requirements, gpu=True, caches=True)
     if jobs:
         defaults = matrix.spec.defaults
         jobs["summary"] = summary_job(
             list(jobs), matrix.spec.runners[defaults.runner], defaults.python
         )
-    return {
-        "name": kind.title,
-        "on": kind.trigger,
-        "permissions": {"contents": "read"},
-        "concurrency": {
-            "group": "${{ github.workflow }}-${{ github.event.pull_request.number || github.ref }}",
-            "cancel-in-progress": True,
+    return _frame(kind.title, kind.trigger, jobs)
+
+
+def checks_workflow(matrix: LoadedMatrix) -> dict[str, Any]:
+    """Lint, the tooling's tests and the drift check of these files, on every change."""
+    defaults = matrix.spec.defaults
+    labels = list(matrix.spec.runners[defaults.runner])
+
+    def job(name: str, title: str, command: str) -> dict[str, Any]:
+        return {
+            "name": title,
+            "runs-on": labels,
+            "timeout-minutes": SUMMARY_TIMEOUT_MINUTES * 3,
+            "steps": [*_setup(defaults.python), _run(command, command)],
+        }
+
+    trigger = {"pull_request": {"branches": ["main"]}, "push": {"branches": ["main"]}}
+    return _frame(
+        "checks",
+        trigger,
+        {
+            "lint": job(
+                "lint", "lint (ruff, hadolint, actionlint, zizmor, schemas)", "nox -s lint"
+            ),
+            "tooling": job("tooling", "tooling tests (tests/matrix)", "nox -s tooling-tests"),
+            "drift": job(
+                "drift", "workflows up to date with matrix.yaml", "nox -s workflows -- --check"
+            ),
         },
-        "env": {"FORCE_COLOR": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
-        "jobs": jobs,
+    )
+
+
+def release_workflow(matrix: LoadedMatrix, requirements: Sequence[str]) -> dict[str, Any]:
+    """On a version tag: build and test every cell's wheel, then publish the PyPI cells' wheels.
+
+    The build jobs use no cache (nothing restored may end up in a published wheel).
+    ``dist`` collects and checks the wheels of the cells marked ``pypi: true``; only
+    ``publish`` may mint an OIDC token, inside the ``pypi`` environment (PyPI's
+    trusted publishing: no password or token is stored anywhere).
+    """
+    cells = expand_cells(matrix.spec, selection="main")
+    jobs = _cell_jobs(cells, requirements, gpu=False, caches=False)
+    published = [cell.name for cell in cells if cell.pypi and not cell.gpu]
+    if not published:
+        raise MatrixError(
+            "no cell has pypi: true, so a release would publish nothing: mark the build cell "
+            "whose wheel PyPI gets (matrix.yaml)"
+        )
+    defaults = matrix.spec.defaults
+    labels = list(matrix.spec.runners[defaults.runner])
+    downloads = [_download(name) for name in published]
+    jobs["dist"] = {
+        "name": "collect and check the wheels for PyPI",
+        "needs": list(jobs),
+        "runs-on": labels,
+        "timeout-minutes": SUMMARY_TIMEOUT_MINUTES,
+        "steps": [
+            *_setup(defaults.python),
+            *downloads,
+            _run("nox -s dist", f"nox -s dist -- {' '.join(published)}"),
+            _uses(
+                "upload-artifact",
+                "upload dist/",
+                name="dist",
+                path="dist/",
+                if_no_files_found="error",
+            ),
+        ],
     }
+    jobs["publish"] = {
+        "name": "publish to PyPI (trusted publishing)",
+        "needs": ["dist"],
+        "runs-on": labels,
+        "timeout-minutes": SUMMARY_TIMEOUT_MINUTES,
+        "environment": dict(PYPI_ENVIRONMENT),
+        "permissions": {"id-token": "write"},
+        "steps": [
+            _uses("download-artifact", "download dist/", name="dist", path="dist"),
+            _uses("pypi-publish", "publish", packages_dir="dist/"),
+        ],
+    }
+    frame = _frame("release", {"push": {"tags": ["v*"]}}, jobs)
+    frame["concurrency"]["cancel-in-progress"] = False
+    return frame
 
 
 # --- text ----------------------------------------------------------------------------------------
@@ -365,8 +492,8 @@ def _with_version_comments(text: str) -> str:
 
 
 SELF_HOSTED_JUSTIFICATION = (
-    "  # zizmor: ignore[self-hosted-runner] GPU tests need a GPU runner; this workflow runs"
-    " only for pushes to main, never for pull requests"
+    "  # zizmor: ignore[self-hosted-runner] GPU tests need a GPU runner; the job runs only"
+    " for main (its if: and the gpu environment's branch rule), never for pull requests"
 )
 _RUNS_ON = re.compile(r"^(?P<key> +runs-on:)\n(?P<labels>(?: +- .*\n)+)", re.MULTILINE)
 
@@ -380,8 +507,17 @@ def _justify_self_hosted(text: str) -> str:
     return _RUNS_ON.sub(annotate, text)
 
 
+class _PlainDumper(yaml.SafeDumper):
+    """Writes a value used twice in full: no YAML anchors and aliases in workflows."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
 def render(data: Mapping[str, Any]) -> str:
-    body = yaml.safe_dump(dict(data), sort_keys=False, width=200, default_flow_style=False)
+    body = yaml.dump(
+        dict(data), Dumper=_PlainDumper, sort_keys=False, width=200, default_flow_style=False
+    )
     if "pull_request" not in data["on"] and "pull_request_target" not in data["on"]:
         body = _justify_self_hosted(body)
     header = (
@@ -425,6 +561,10 @@ def plan_workflows(
         (WORKFLOWS_DIR / kind.file_name).as_posix(): render(workflow(matrix, kind, requirements))
         for kind in WORKFLOW_KINDS
     }
+    planned[(WORKFLOWS_DIR / CHECKS_FILE).as_posix()] = render(checks_workflow(matrix))
+    planned[(WORKFLOWS_DIR / RELEASE_FILE).as_posix()] = render(
+        release_workflow(matrix, requirements)
+    )
     planned[ACTIONLINT_CONFIG.as_posix()] = actionlint_config(matrix)
     return planned
 

@@ -59,7 +59,14 @@ VALID_MATRIX: dict[str, Any] = {
     "project_tests": {"cell": "cpu", "tooling_paths": ["tests/matrix"]},
     "cells": [
         {"name": "cpu", "variant": "cpu", "python": "3.11", "torch": "2.13.0+cpu"},
-        {"name": "cuda", "variant": "cuda", "python": "3.11", "torch": "2.14.1", "cuda": "13"},
+        {
+            "name": "cuda",
+            "variant": "cuda",
+            "python": "3.11",
+            "torch": "2.14.1",
+            "cuda": "13",
+            "pypi": True,
+        },
         {
             "name": "cuda-gpu",
             "variant": "cuda",

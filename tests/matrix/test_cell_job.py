@@ -225,3 +225,129 @@ def test_a_second_run_waits_for_the_lock(
     thread.join(timeout=5)
     assert order == ["first run done", "second run"]
     assert "waiting for another run that holds the build dir" in capsys.readouterr().out
+
+
+# --- the distributable wheel: torch pin, auditwheel, the third-party example ----------------------
+
+
+def make_wheel(path: Path, requires: list[str]) -> Path:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as archive:
+        metadata = "Metadata-Version: 2.1\nName: torch-fallback\nVersion: 0.1.0\n"
+        metadata += "".join(f"Requires-Dist: {line}\n" for line in requires)
+        archive.writestr("torch_fallback-0.1.0.dist-info/METADATA", metadata)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("requires", "ok"),
+    [
+        (["torch==2.13.0"], True),
+        (["torch>=2.6"], False),  # the old claim: any torch since 2.6
+        (["torch==2.14.1"], False),  # another release than the one built against
+        (["torchvision==0.28.0"], False),  # no torch requirement at all
+        ([], False),
+    ],
+)
+def test_the_wheel_must_pin_the_torch_it_was_built_against(
+    tmp_path: Path, requires: list[str], ok: bool
+) -> None:
+    wheel = make_wheel(tmp_path / "torch_fallback-0.1.0-cp311-cp311-linux_x86_64.whl", requires)
+    if ok:
+        assert cell_job.check_torch_pin(wheel, "2.13.0+cpu") == "torch==2.13.0"
+    else:
+        with pytest.raises(StepFailed, match=r"must say Requires-Dist: torch==2\.13\.0"):
+            cell_job.check_torch_pin(wheel, "2.13.0+cpu")
+
+
+def test_repair_excludes_torchs_own_libraries_and_keeps_the_manylinux_wheel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    layout = layout_for(tmp_path, [])
+    commands: list[list[str]] = []
+
+    def fake_must_run(command: Any, env: Any, what: str, cwd: Any = None) -> None:
+        commands.append([str(part) for part in command])
+        out = Path(commands[-1][commands[-1].index("--wheel-dir") + 1])
+        out.mkdir(parents=True)
+        (out / "torch_fallback-0.1.0-cp311-cp311-manylinux_2_34_x86_64.whl").write_bytes(b"")
+
+    def fake_show(command: Any, **kwargs: Any) -> Any:
+        return subprocess.CompletedProcess(command, 0, "is consistent with manylinux_2_34", "")
+
+    import subprocess
+
+    monkeypatch.setattr(cell_job, "must_run", fake_must_run)
+    monkeypatch.setattr(cell_job.subprocess, "run", fake_show)
+    built = tmp_path / "torch_fallback-0.1.0-cp311-cp311-linux_x86_64.whl"
+    wheel, shown = cell_job.repair_wheel(
+        layout, built, ["libtorch_cpu.so", "libgomp-a34b3233.so.1"], {}
+    )
+    (command,) = commands
+    excludes = {part.removeprefix("--exclude=") for part in command if "--exclude=" in part}
+    assert {"libtorch*.so*", "libc10*.so*", "libtorch_cpu.so", "libgomp-a34b3233.so.1"} <= excludes
+    assert command[-1] == str(built)
+    assert cell_job.platform_tag(wheel) == "manylinux_2_34_x86_64"
+    assert "manylinux_2_34" in shown and "manylinux_2_34" in capsys.readouterr().out
+
+
+def test_a_missing_example_fails_the_step_saying_what_to_do(tmp_path: Path) -> None:
+    (tmp_path / "repo").mkdir()
+    with pytest.raises(StepFailed, match=r"examples/third_party_backend is missing.*never skips"):
+        cell_job.run_example(layout_for(tmp_path, []), {}, Reporter("cpu"))
+
+
+def test_the_example_is_built_against_the_installed_wheel_and_tested(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    example = tmp_path / "repo" / "examples" / "third_party_backend"
+    (example / "tests").mkdir(parents=True)
+    (example / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    calls: list[list[str]] = []
+    monkeypatch.setattr(
+        cell_job,
+        "must_run",
+        lambda command, env, what, cwd=None: calls.append([str(p) for p in command]),
+    )
+    monkeypatch.setattr(
+        cell_job, "run", lambda command, env, cwd=None: calls.append([str(p) for p in command]) or 0
+    )
+    layout = layout_for(tmp_path, [])
+    cell_job.run_example(layout, {}, Reporter("cpu"))
+    install, tests = calls
+    assert install[install.index("install") + 1 :][:2] == ["--progress-bar", "off"]
+    assert "--no-build-isolation" in install and "--no-index" in install
+    # built from a copy (the repository is read-only in a container), into the run venv
+    assert install[-1] == str(layout.work / "example")
+    assert install[0] == str(layout.run_venv / "bin" / "python")
+    assert tests[tests.index("pytest") + 1] == str(layout.work / "example" / "tests")
+    assert tests[tests.index("--junitxml") + 1] == str(layout.artifacts / "example" / "junit.xml")
+
+    monkeypatch.setattr(cell_job, "run", lambda command, env, cwd=None: 1)
+    with pytest.raises(StepFailed, match="the tests of examples/third_party_backend failed"):
+        cell_job.run_example(layout, {}, Reporter("cpu"))
+
+
+def test_install_from_an_index_takes_dependencies_from_the_wheelhouse(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[list[str]] = []
+    monkeypatch.setattr(
+        cell_job,
+        "must_run",
+        lambda command, env, what, cwd=None: calls.append([str(p) for p in command]),
+    )
+    layout = layout_for(tmp_path, [])
+    job = dataclasses.replace(
+        layout.job, index_url="http://127.0.0.1:8080/simple/", requirement="torch-fallback==0.1.0"
+    )
+    layout = Layout(job)
+    (layout.run_venv / "bin").mkdir(parents=True)
+    (layout.run_venv / "bin" / "python").symlink_to(sys.executable)
+    with pytest.raises(StepFailed, match="torch_fallback resolves to"):  # nothing really installed
+        cell_job.install_wheel(layout, None, dict(os.environ), Reporter("cpu"))
+    (install,) = calls
+    assert install[install.index("--index-url") + 1] == "http://127.0.0.1:8080/simple/"
+    assert install[install.index("--find-links") + 1] == str(layout.wheelhouse)
+    assert install[-1] == "torch-fallback==0.1.0"

@@ -154,3 +154,45 @@ def assert_container_removed(client: Any, log: str) -> None:
     match = re.search(r"container (fallback-matrix-cpu-[0-9a-f]+) ", log)
     assert match, log
     assert client.containers.list(all=True, filters={"label": LABEL, "name": match.group(1)}) == []
+
+
+@pytest.mark.slow
+def test_a_cell_runs_with_its_cache_bind_mounted_from_another_users_directory(
+    repo_root: Path, tmp_path: Path, client: Any
+) -> None:
+    """As on a hosted runner: the workspace's cache directory belongs to uid 1001, not to
+    the image's user (1000). The whole cpu cell runs with it as /cache, and everything
+    it leaves there belongs to the directory's owner (so actions/cache can save it)."""
+    import os
+    import shutil
+
+    from fallback_matrix.cells import expand_cells, pick_cells
+    from fallback_matrix.paths import cache_root
+    from fallback_matrix.runners.docker_runner import IMAGE_UID, DockerRunner
+
+    matrix = load_matrix(repo_root / "matrix.yaml")
+    (cell,) = pick_cells(expand_cells(matrix.spec), ["cpu"])
+    cache = tmp_path / "workspace-cache"
+    cache.mkdir()
+    if os.geteuid() == 0:
+        os.chown(cache, 1001, 1001)
+    owner = cache.stat().st_uid
+    assert owner not in (IMAGE_UID, 0)
+    try:
+        result = run_cell(
+            matrix,
+            cell,
+            DockerRunner(volume=str(cache)),
+            cache_root=cache_root(matrix.root),
+            artifacts_root=tmp_path / "artifacts",
+            gpus=False,
+            reporter=Reporter(),
+        )
+        log = result.log.read_text()
+        assert result.exit_code == 0, log[-4000:]
+        assert "Permission denied" not in log
+        assert (cache / "envs").is_dir() and (cache / "ccache").is_dir()
+        assert {path.lstat().st_uid for path in cache.rglob("*")} == {owner}
+        assert list((tmp_path / "artifacts" / "cpu").glob("torch_fallback-*manylinux*.whl"))
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +32,14 @@ class FakePip:
         interrupt_on: int | None = None,
     ) -> None:
         self.calls: list[list[str]] = []
+        self.envs: list[dict[str, str] | None] = []
         self.torch_wheel = torch_wheel
         self.fail_on = fail_on
         self.interrupt_on = interrupt_on
 
-    def __call__(self, args: Sequence[str]) -> int:
+    def __call__(self, args: Sequence[str], env: Mapping[str, str] | None = None) -> int:
         self.calls.append(list(args))
+        self.envs.append(dict(env) if env is not None else None)
         dest = Path(args[list(args).index("--dest") + 1])
         number = len(self.calls)
         if number == self.interrupt_on:
@@ -75,7 +78,16 @@ def test_key_is_stable_and_ignores_requirement_order() -> None:
         "cpu", "3.11", "torch==2.13.0+cpu", ("pytest>=8", "setuptools>=69")
     )
     assert REQUEST.key() == shuffled.key()
-    assert REQUEST.dirname() == f"cpu-{REQUEST.key()}"
+    assert REQUEST.dirname() == f"torch-2.13.0-cpu-py3.11-{REQUEST.key()}"
+
+
+def test_cells_that_install_the_same_share_one_wheelhouse() -> None:
+    """A build cell and the GPU cell testing its wheel: one directory, one CI cache entry."""
+    build = WheelhouseRequest("cuda", "3.11", "torch==2.14.1", ("pytest>=8",))
+    gpu = WheelhouseRequest("cuda-gpu", "3.11", "torch==2.14.1", ("pytest>=8",))
+    assert build.dirname() == gpu.dirname()
+    other = WheelhouseRequest("cuda", "3.11", "torch==2.13.0", ("pytest>=8",))
+    assert other.dirname() != build.dirname()
 
 
 @pytest.mark.parametrize(
@@ -117,12 +129,39 @@ def test_unreachable_index_falls_back_to_pip_configuration_in_one_line(
     assert INDEX in lines[0] and "pip's own configuration" in lines[0]
 
 
-def test_reachable_index_is_used_for_torch_only(tmp_path: Path, cell_log: Any) -> None:
+def test_reachable_index_is_used_for_torch_only(
+    tmp_path: Path, cell_log: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PIP_FIND_LINKS", "/opt/wheels")
+    monkeypatch.setenv("PIP_CERT", "/etc/ssl/certs/bundle.crt")
     pip = FakePip()
     fill(tmp_path, cell_log, pip, probe=reachable)
     torch_call, groups_call = pip.calls
     assert torch_call[torch_call.index("--index-url") + 1] == INDEX
     assert "--index-url" not in groups_call
+    # no find-links folder or constraint file of the machine may swap torch's build:
+    # torch is downloaded with no pip configuration at all, but the CA bundle
+    torch_env, groups_env = pip.envs
+    assert torch_env is not None and torch_env["PIP_CONFIG_FILE"] == os.devnull
+    assert not {key for key in torch_env if key.startswith("PIP_")} - {"PIP_CONFIG_FILE"}
+    assert torch_call[torch_call.index("--cert") + 1] == "/etc/ssl/certs/bundle.crt"
+    assert groups_env is None  # the groups come through pip's own configuration
+
+
+def test_a_cpu_only_torch_for_a_cuda_cell_is_refused(tmp_path: Path, cell_log: Any) -> None:
+    request = WheelhouseRequest("cuda-213", "3.11", "torch==2.13.0", ("pytest>=8",))
+    pip = FakePip(torch_wheel="torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
+    with pytest.raises(WheelhouseError, match=r"CPU-only build, for a CUDA cell"):
+        ensure_wheelhouse(
+            request,
+            INDEX,
+            tmp_path / "cache",
+            cell_log,
+            pip_download=pip,
+            probe=unreachable,
+            variant="cuda",
+        )
+    assert list((tmp_path / "cache" / "wheelhouse").iterdir()) == []
 
 
 def test_a_complete_wheelhouse_is_reused_without_pip(tmp_path: Path, cell_log: Any) -> None:
@@ -173,4 +212,4 @@ def test_a_pin_without_local_version_accepts_the_build_pip_chose(
     path = ensure_wheelhouse(
         request, INDEX, tmp_path / "cache", cell_log, pip_download=pip, probe=unreachable
     )
-    assert path.name.startswith("cuda-")
+    assert path.name.startswith("torch-2.14.1-py3.11-")

@@ -27,6 +27,8 @@ class CellWork:
     cache_root: Path
     gpus: bool
     prebuilt_wheel: Path | None = None  # a wheel under ``repo`` to test instead of building
+    index_url: str | None = None  # install ``requirement`` from this index instead of building
+    requirement: str | None = None
 
     def job(self, *, repo: str, wheelhouse: str, cache: str, work: str, artifacts: str) -> Job:
         tests = self.cell.tests
@@ -50,6 +52,9 @@ class CellWork:
                 if self.prebuilt_wheel
                 else None
             ),
+            plain_version=self.cell.pypi,
+            index_url=self.index_url,
+            requirement=self.requirement,
         )
 
 

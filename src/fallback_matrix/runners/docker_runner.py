@@ -1,8 +1,12 @@
 """Run a cell's job in a container of the cell's build image.
 
-The repository and the wheelhouse are mounted read-only; a named volume keeps
-the caches (venvs, build dirs, ccache) across containers; the artifacts are
-copied out of the container when it ends. Containers carry a label so leftovers
+The repository and the wheelhouse are mounted read-only; a named volume (or a
+host directory, see DOCKER_CACHE_ENV) keeps the caches (venvs, build dirs,
+ccache) across containers; the artifacts are copied out of the container when
+it ends. With a host directory the job runs as that directory's owner, so it
+can write there whoever created it (a hosted runner's user is uid 1001, the
+image's user 1000), and what it writes stays the owner's: actions/cache can
+save it and the runner can delete it. Containers carry a label so leftovers
 can be found (``python -m fallback_matrix clean``) and are removed whatever
 happens: success, failure or Ctrl-C.
 """
@@ -10,6 +14,7 @@ happens: success, failure or Ctrl-C.
 from __future__ import annotations
 
 import io
+import os
 import tarfile
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -29,6 +34,7 @@ if TYPE_CHECKING:
 LABEL = "org.torch-fallback.matrix"
 CELL_LABEL = "org.torch-fallback.matrix.cell"
 CACHE_VOLUME = "torch-fallback-matrix-cache"
+IMAGE_UID = 1000  # the image's user (docker/Dockerfile)
 # An absolute host directory to keep the caches in instead of the volume (CI caches it).
 DOCKER_CACHE_ENV = "FALLBACK_MATRIX_DOCKER_CACHE"
 
@@ -78,6 +84,31 @@ class ContainerPlan:
     labels: dict[str, str]
     gpus: bool
     job_json: str = field(repr=False)
+    user: str | None = None  # uid:gid the job runs as; None: the image's user
+    network: str = "none"  # the job installs offline, from the wheelhouse
+
+
+def cache_user(cache: str, stat: Callable[[str], os.stat_result] = os.stat) -> str | None:
+    """The uid:gid to run as for the cache ``cache``: its owner's when it is a host directory.
+
+    A named volume (no leading /) takes the image user's ownership; so does a
+    host directory owned by root, which the host side hands to that user instead.
+    """
+    if cache[:1] != "/":
+        return None
+    info = stat(cache)
+    if info.st_uid == 0:
+        return None
+    return f"{info.st_uid}:{info.st_gid}"
+
+
+def prepare_cache_dir(cache: str) -> None:
+    """Create a host cache directory; one owned by root goes to the image's user (uid 1000)."""
+    path = Path(cache)
+    path.mkdir(parents=True, exist_ok=True)
+    info = path.stat()
+    if info.st_uid == 0 and os.geteuid() == 0:
+        os.chown(path, IMAGE_UID, IMAGE_UID)
 
 
 def plan_container(
@@ -87,6 +118,7 @@ def plan_container(
     volume: str = CACHE_VOLUME,
     environ: Mapping[str, str] | None = None,
     suffix: str | None = None,
+    user: str | None = None,
 ) -> ContainerPlan:
     job = work.job(
         repo=PATHS.repo,
@@ -95,7 +127,7 @@ def plan_container(
         work=PATHS.work,
         artifacts=PATHS.artifacts,
     )
-    environment = {"PYTHONUNBUFFERED": "1"}
+    environment = {"PYTHONUNBUFFERED": "1", "HOME": "/tmp"}
     if environ and environ.get("CI"):
         environment["CI"] = environ["CI"]
     return ContainerPlan(
@@ -114,6 +146,9 @@ def plan_container(
         labels={LABEL: "1", CELL_LABEL: work.cell.name},
         gpus=work.gpus or work.cell.gpu,
         job_json=job.to_json(),
+        user=user,
+        # offline (the wheelhouse), unless it installs from a package index on this host
+        network="host" if work.index_url else "none",
     )
 
 
@@ -214,9 +249,10 @@ def _create(client: DockerClient, plan: ContainerPlan) -> Any:
         labels=plan.labels,
         environment=plan.environment,
         mounts=mounts,
-        network_mode="none",  # the job installs offline, from the wheelhouse
+        network_mode=plan.network,
         device_requests=device_requests,
         working_dir="/tmp",
+        user=plan.user or "",
     )
 
 
@@ -284,9 +320,11 @@ class DockerRunner:
     def run(self, work: CellWork, log: CellLog) -> RunOutcome:
         client = self.client()
         if self.volume[:1] == "/":
-            Path(self.volume).mkdir(parents=True, exist_ok=True)
+            prepare_cache_dir(self.volume)
         image = ensure_image(client, plan_image(work.repo, work.cell), log)
-        plan = plan_container(work, image, volume=self.volume, environ=self.environ)
+        plan = plan_container(
+            work, image, volume=self.volume, environ=self.environ, user=cache_user(self.volume)
+        )
         status = execute(client, plan, log, work.artifacts)
         return RunOutcome(exit_code=status, where=f"container {plan.name}, image {image}")
 
