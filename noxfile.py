@@ -24,7 +24,8 @@ import nox.command
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from fallback_matrix import cli, find_matrix_file, load_matrix  # noqa: E402
+from fallback_matrix import cli, expand_cells, find_matrix_file, load_matrix  # noqa: E402
+from fallback_matrix.workflows import CrossTest, cross_tests  # noqa: E402
 
 nox.options.default_venv_backend = "venv"
 nox.options.sessions = ["tests"]
@@ -49,8 +50,23 @@ def _build_session(cell: str) -> None:
     nox.session(name=f"build-{cell}", python=False)(build)
 
 
-for _cell in load_matrix(find_matrix_file(ROOT)).spec.cells:
+def _cross_session(cross: CrossTest) -> None:
+    def run_cross(session: nox.Session) -> None:
+        wheel = f"artifacts/{cross.cpu.name}"
+        _call(session, "test-wheel", cross.cuda.name, "--wheel", wheel, "--as", cross.name)
+
+    run_cross.__doc__ = (
+        f"The wheel of cell {cross.cpu.name!r} (nox -s build-{cross.cpu.name} first) tested on "
+        f"the CUDA torch of cell {cross.cuda.name!r}."
+    )
+    nox.session(name=cross.name, python=False)(run_cross)
+
+
+_SPEC = load_matrix(find_matrix_file(ROOT)).spec
+for _cell in _SPEC.cells:
     _build_session(_cell.name)
+for _cross in cross_tests(expand_cells(_SPEC)):
+    _cross_session(_cross)
 
 
 @nox.session(python=False)

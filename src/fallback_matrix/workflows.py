@@ -16,6 +16,7 @@ requests, ``main`` for pushes to main):
                      image on the cell's (GPU) runner with the GPUs passed through
 - ``cross-<cpu>-on-<cuda>``  where a cpu and a cuda build cell pin the same torch
                      version: the CPU-built wheel tested against the CUDA torch
+                     (``nox -s cross-<cpu>-on-<cuda>``)
 - ``summary``        the table of every job's results in the run's summary page
 
 Every ``run:`` step is ``python -m pip install nox`` or a nox session, so
@@ -312,10 +313,7 @@ def cross_job(
     from .wheel_tests import renamed
 
     cell = renamed(test.cuda, test.name)
-    command = (
-        f"nox -s test-wheel -- {test.cuda.name} --wheel artifacts/{test.cpu.name} "
-        f"--as {test.name} --runner docker"
-    )
+    command = f"nox -s {test.name} -- --runner docker"
     return {
         "name": f"wheel of {test.cpu.name} on torch of {test.cuda.name}",
         "needs": [f"build-{test.cpu.name}"],
@@ -326,7 +324,7 @@ def cross_job(
             *_setup(test.cuda.python),
             *([_wheelhouse_cache(cell, requirements)] if caches else []),
             _download(test.cpu.name),
-            _run(f"nox -s test-wheel ({test.name})", command),
+            _run(f"nox -s {test.name}", command),
             _upload(test.name),
         ],
     }
