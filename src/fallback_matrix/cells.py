@@ -68,7 +68,7 @@ def _resolve_index(
     spec: MatrixFile,
     variant: VariantName,
     environ: Mapping[str, str],
-    overrides: Mapping[str, str],
+    overrides: Mapping[VariantName, str],
 ) -> IndexUrl:
     settings = spec.variants[variant]
     if variant in overrides:
@@ -83,7 +83,7 @@ def expand_cells(
     spec: MatrixFile,
     *,
     environ: Mapping[str, str] | None = None,
-    index_overrides: Mapping[str, str] | None = None,
+    index_overrides: Mapping[VariantName, str] | None = None,
     selection: SelectionName | None = None,
 ) -> tuple[Cell, ...]:
     """All cells of ``spec`` (or those in ``selection``: "pr" or "main"), defaults applied."""

@@ -399,7 +399,7 @@ def cmd_clean(args: argparse.Namespace, reporter: Reporter) -> int:
                 volume.remove(force=True)
                 reporter.note(f"removed volume {volume.name}")
             for image in client.images.list(filters={"label": f"{LABEL}=image"}):
-                client.images.remove(image.id, force=True)
+                client.images.remove(str(image.id), force=True)
                 reporter.note(f"removed image {', '.join(image.tags) or image.short_id}")
     if args.caches and cache.exists():
         shutil.rmtree(cache)

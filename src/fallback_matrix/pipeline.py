@@ -68,7 +68,7 @@ def run_cell(
     started = time.monotonic()
     error: str | None = None
     exit_code = 1
-    where = runner.name
+    where: str = runner.name
     with CellLog(reporter, cell.name, artifacts / LOG_FILE) as log:
         log.step(
             f"torch=={cell.torch} ({cell.variant}), Python {cell.python}, "

@@ -75,8 +75,10 @@ def example_row(cell_dir: Path, cell: CellRow) -> CellRow | None:
     status = _read_json(cell_dir / STATUS_FILE)
     if not status:
         return None
-    step = next((s for s in status.get("steps", []) if s.get("name") == "example"), {})
-    state = {"ok": "ok", "failed": "failed"}.get(step.get("status"), "not reached")
+    step: dict[str, Any] = next(
+        (s for s in status.get("steps", []) if s.get("name") == "example"), {}
+    )
+    state = {"ok": "ok", "failed": "failed"}.get(str(step.get("status")), "not reached")
     return CellRow(
         cell=f"{cell.cell}/{EXAMPLE_DIR}",
         runner=cell.runner,
@@ -124,9 +126,9 @@ def _cells(row: CellRow) -> list[str]:
         row.cell,
         row.runner,
         row.build,
-        _count(tests and tests.passed),
-        _count(tests and tests.failed + tests.errors),
-        _count(tests and tests.skipped),
+        _count(None if tests is None else tests.passed),
+        _count(None if tests is None else tests.failed + tests.errors),
+        _count(None if tests is None else tests.skipped),
         format_elapsed(row.seconds) if row.seconds is not None else "-",
         row.result,
     ]

@@ -1,14 +1,11 @@
 """Fixtures of the tooling tests: no Docker daemon, no torch needed (except where marked docker).
 
-fallback_matrix is imported from src/ by file location, so putting src/ on
-sys.path (which would also expose the uninstalled torch_fallback) is avoided.
+fallback_matrix is installed (nox installs it editable from src/fallback_matrix).
 """
 
 from __future__ import annotations
 
 import copy
-import importlib.util
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,24 +14,6 @@ import pytest
 import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def _import_fallback_matrix() -> None:
-    if "fallback_matrix" in sys.modules:
-        return
-    package_dir = REPO_ROOT / "src" / "fallback_matrix"
-    spec = importlib.util.spec_from_file_location(
-        "fallback_matrix",
-        package_dir / "__init__.py",
-        submodule_search_locations=[str(package_dir)],
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fallback_matrix"] = module
-    spec.loader.exec_module(module)
-
-
-_import_fallback_matrix()
 
 VALID_MATRIX: dict[str, Any] = {
     "version": 1,

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..console import CellLog
 from ..errors import ImageBuildError, RunnerUnavailableError
@@ -68,7 +68,7 @@ class BindMount:
     source: str
     target: str
     read_only: bool
-    kind: str  # "bind" or "volume"
+    kind: Literal["bind", "volume"]
 
 
 @dataclass(frozen=True)
