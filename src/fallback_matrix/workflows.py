@@ -25,7 +25,6 @@ Every ``run:`` step is ``python -m pip install nox`` or a nox session, so
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,8 +196,18 @@ def cross_tests(cells: Sequence[Cell]) -> tuple[CrossTest, ...]:
 # --- steps ---------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Commented:
+    """A value written with a comment at the end of its line (an action's version, a
+    zizmor ignore with its reason)."""
+
+    value: Any
+    comment: str
+
+
 def _uses(action: str, title: str, /, **with_: Any) -> dict[str, Any]:
-    step: dict[str, Any] = {"name": title, "uses": ACTIONS[action].ref}
+    pinned = ACTIONS[action]
+    step: dict[str, Any] = {"name": title, "uses": Commented(pinned.ref, pinned.version)}
     if with_:
         step["with"] = {key.replace("_", "-"): value for key, value in with_.items()}
     return step
@@ -281,8 +290,11 @@ def _per_run(step: dict[str, Any]) -> dict[str, Any]:
     return {**step, "env": {DOCKER_CACHE_ENV: RUN_DIR}}
 
 
-def gpu_job(test: GpuTest, requirements: Sequence[str]) -> dict[str, Any]:
-    """The GPU cell on a self-hosted runner: main only, in an environment, cleaned up after."""
+def gpu_job(test: GpuTest, requirements: Sequence[str], *, justify: bool) -> dict[str, Any]:
+    """The GPU cell on a self-hosted runner: main only, in an environment, cleaned up after.
+
+    ``justify``: the workflow cannot run for pull requests, which zizmor is told.
+    """
     cell, source = test.cell, test.source
     command = (
         f"nox -s test-wheel -- {cell.name} --wheel artifacts/{source.name} --gpus --runner docker"
@@ -293,7 +305,11 @@ def gpu_job(test: GpuTest, requirements: Sequence[str]) -> dict[str, Any]:
         "needs": [f"build-{source.name}"],
         "if": GPU_CONDITION,
         "environment": GPU_ENVIRONMENT,
-        "runs-on": list(cell.runner_labels),
+        "runs-on": (
+            Commented(list(cell.runner_labels), SELF_HOSTED_JUSTIFICATION)
+            if justify and "self-hosted" in cell.runner_labels
+            else list(cell.runner_labels)
+        ),
         "timeout-minutes": TEST_TIMEOUT_MINUTES,
         "env": {"TORCH_FALLBACK_REQUIRE_GPU": "1"},
         "steps": [
@@ -346,7 +362,12 @@ def summary_job(needs: Sequence[str], labels: Sequence[str], python: str) -> dic
 
 
 def _cell_jobs(
-    cells: Sequence[Cell], requirements: Sequence[str], *, gpu: bool, caches: bool
+    cells: Sequence[Cell],
+    requirements: Sequence[str],
+    *,
+    gpu: bool,
+    caches: bool,
+    justify: bool = False,
 ) -> dict[str, Any]:
     jobs: dict[str, Any] = {}
     for cell in cells:
@@ -354,7 +375,7 @@ def _cell_jobs(
             jobs[f"build-{cell.name}"] = build_job(cell, requirements, caches=caches)
     if gpu:
         for test in gpu_tests(cells):
-            jobs[f"gpu-{test.cell.name}"] = gpu_job(test, requirements)
+            jobs[f"gpu-{test.cell.name}"] = gpu_job(test, requirements, justify=justify)
     for cross in cross_tests(cells):
         jobs[cross.name] = cross_job(cross, requirements, caches=caches)
     return jobs
@@ -379,7 +400,9 @@ def workflow(
 ) -> dict[str, Any]:
     """The workflow of one selection, as plain data."""
     cells = expand_cells(matrix.spec, selection=kind.selection)
-    jobs = _cell_jobs(cells, requirements, gpu=True, caches=True)
+    jobs = _cell_jobs(
+        cells, requirements, gpu=True, caches=True, justify="pull_request" not in kind.trigger
+    )
     if jobs:
         defaults = matrix.spec.defaults
         jobs["summary"] = summary_job(
@@ -407,7 +430,9 @@ def checks_workflow(matrix: LoadedMatrix) -> dict[str, Any]:
         trigger,
         {
             "lint": job(
-                "lint", "lint (ruff, hadolint, actionlint, zizmor, schemas)", "nox -s lint"
+                "lint",
+                "lint (pre-commit: ruff, mypy, hadolint, actionlint, zizmor, schemas)",
+                "nox -s lint",
             ),
             "tooling": job("tooling", "tooling tests (tests/matrix)", "nox -s tooling-tests"),
             "drift": job(
@@ -473,55 +498,43 @@ def release_workflow(matrix: LoadedMatrix, requirements: Sequence[str]) -> dict[
 
 # --- text ----------------------------------------------------------------------------------------
 
-_USES_LINE = re.compile(
-    r"^(?P<head>\s*(- )?uses: )(?P<repo>[\w.-]+/[\w.-]+)@(?P<sha>[0-9a-f]{40})$"
-)
-_VERSIONS = {action.ref: action.version for action in ACTIONS.values()}
-
-
-def _with_version_comments(text: str) -> str:
-    lines = []
-    for line in text.splitlines():
-        match = _USES_LINE.match(line)
-        if match:
-            line += f" # {_VERSIONS[match['repo'] + '@' + match['sha']]}"
-        lines.append(line)
-    return "\n".join(lines) + "\n"
-
-
 SELF_HOSTED_JUSTIFICATION = (
-    "  # zizmor: ignore[self-hosted-runner] GPU tests need a GPU runner; the job runs only"
+    "zizmor: ignore[self-hosted-runner] GPU tests need a GPU runner; the job runs only"
     " for main (its if: and the gpu environment's branch rule), never for pull requests"
 )
-_RUNS_ON = re.compile(r"^(?P<key> +runs-on:)\n(?P<labels>(?: +- .*\n)+)", re.MULTILINE)
 
 
-def _justify_self_hosted(text: str) -> str:
-    def annotate(match: re.Match[str]) -> str:
-        if "- self-hosted\n" not in match["labels"]:
-            return match[0]
-        return f"{match['key']}{SELF_HOSTED_JUSTIFICATION}\n{match['labels']}"
-
-    return _RUNS_ON.sub(annotate, text)
+def _scalar(value: Any) -> str:
+    text: str = yaml.safe_dump(value, default_flow_style=True, width=10_000)
+    return text.removesuffix("\n").removesuffix("\n...").strip()
 
 
-class _PlainDumper(yaml.SafeDumper):
-    """Writes a value used twice in full: no YAML anchors and aliases in workflows."""
-
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
+def _lines(data: Any, indent: str) -> list[str]:
+    """YAML lines of plain data (mappings, lists, scalars), Commented values with comments."""
+    lines: list[str] = []
+    items = data.items() if isinstance(data, dict) else enumerate(data)
+    for key, value in items:
+        comment = ""
+        if isinstance(value, Commented):
+            value, comment = value.value, f" # {value.comment}"
+        head = f"{indent}{_scalar(key)}:" if isinstance(data, dict) else f"{indent}-"
+        if isinstance(value, (dict, list)) and value:
+            nested = _lines(value, indent + "  ")
+            if isinstance(data, list) and isinstance(value, dict):
+                lines.append(f"{head} {nested[0].lstrip()}{comment}")
+                lines += nested[1:]
+            else:
+                lines += [head + comment, *nested]
+        else:
+            lines.append(f"{head} {_scalar(value)}{comment}")
+    return lines
 
 
 def render(data: Mapping[str, Any]) -> str:
-    body = yaml.dump(
-        dict(data), Dumper=_PlainDumper, sort_keys=False, width=200, default_flow_style=False
-    )
-    if "pull_request" not in data["on"] and "pull_request_target" not in data["on"]:
-        body = _justify_self_hosted(body)
     header = (
         f"{GENERATED_MARKER}\n# Do not edit: change matrix.yaml, then run `{REGENERATE_COMMAND}`.\n"
     )
-    return header + _with_version_comments(body)
+    return header + "\n".join(_lines(dict(data), "")) + "\n"
 
 
 def cell_requirements(matrix: LoadedMatrix) -> tuple[str, ...]:
