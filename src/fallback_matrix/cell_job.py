@@ -1,14 +1,16 @@
-#!/usr/bin/env python3
 """Build and test one matrix cell where it runs: in its container, or on the host.
 
 Standard library only: inside a container this runs with the image's bare
 Python, before anything is installed. The host side (fallback_matrix.runners)
-writes a `Job` as JSON and starts ``python3 cell_job.py JOB.json``. Steps:
+writes a `Job` as JSON and starts ``python3 -m fallback_matrix.cell_job JOB.json``
+from the directory holding the package (the repository's src/). Version checks
+run in the cell's environment, through ``fallback_matrix.versions``. Steps:
 
-1. environment   a venv holding the pinned torch and the build/test groups,
-                 installed offline from the cell's wheelhouse (kept in the cache,
-                 keyed by what it holds), plus a fresh venv for this run on top
-2. verify torch  torch.version.cuda must match the cell's variant
+1. environment   a venv holding the pinned torch and the build/test dependency
+                 groups (pip install --group), installed offline from the cell's
+                 wheelhouse (kept in the cache, keyed by what it holds), plus a
+                 fresh venv for this run on top
+2. verify torch  the installed torch must be the pinned release and variant
 3. sources       the repository copied to a fixed build directory (kept in the
                  cache, so ninja and ccache find their previous work)
 4. build         pip wheel --no-build-isolation --no-deps, through ccache; the wheel
@@ -34,19 +36,20 @@ import fcntl
 import hashlib
 import json
 import os
-import re
 import shlex
 import shutil
 import subprocess
 import sys
 import sysconfig
 import time
-import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from fallback_matrix.report import Reporter
+from fallback_matrix.report import run as run_streaming
 
 STEPS = (
     "environment",
@@ -68,12 +71,18 @@ SOURCES_MANIFEST = ".fallback-matrix-sources.json"
 CCACHE_WRAPPERS = Path("/usr/lib/ccache")
 PYTEST_NO_TESTS = 5
 
-TORCH_PROBE = (
-    "import json, os, torch; "
-    "lib = os.path.join(os.path.dirname(torch.__file__), 'lib'); "
-    "print(json.dumps({'version': torch.__version__, 'cuda': torch.version.cuda, "
-    "'file': torch.__file__, 'libraries': sorted(n for n in os.listdir(lib) if '.so' in n)}))"
-)
+# The directory holding the fallback_matrix package: cell environments run
+# `python -m fallback_matrix.versions` from there.
+PACKAGE_PARENT = Path(__file__).resolve().parents[1]
+# pip installs dependency groups (--group) since 25.1; a cell's venv gets it from the wheelhouse.
+PIP_WITH_GROUPS = "pip>=25.1"
+
+
+def describe_build(cuda: str | None) -> str:
+    """The torch build a cell must end up with, in words."""
+    if cuda is None:
+        return "a CPU-only build (torch.version.cuda None)"
+    return f"a CUDA {cuda} build (torch.version.cuda {cuda}.x)"
 
 
 @dataclass(frozen=True)
@@ -83,7 +92,7 @@ class Job:
     cell: str
     torch_requirement: str
     expected_cuda: str | None
-    requirements: list[str]
+    groups: list[str]  # dependency groups of the repository's pyproject.toml
     test_paths: list[str]
     test_markers: str
     allow_empty: bool
@@ -121,11 +130,6 @@ class Job:
     @property
     def torch_version(self) -> str:
         return self.torch_requirement.removeprefix("torch==")
-
-    def wanted_build(self) -> str:
-        if self.expected_cuda is None:
-            return "a CPU-only build (torch.version.cuda None)"
-        return f"a CUDA {self.expected_cuda} build (torch.version.cuda {self.expected_cuda}.x)"
 
 
 class StepFailed(Exception):
@@ -172,47 +176,12 @@ class Layout:
         return self.work / "test-cwd"
 
 
-class Reporter:
-    """Step headers with the cell, the step and the time since the job started."""
-
-    def __init__(self, cell: str) -> None:
-        self.cell = cell
-        self.started = time.monotonic()
-        self.steps: list[dict[str, object]] = []
-
-    def elapsed(self) -> str:
-        minutes, seconds = divmod(int(time.monotonic() - self.started), 60)
-        return f"{minutes:02d}:{seconds:02d}"
-
-    def say(self, message: str) -> None:
-        print(f"[{self.cell}] {message}", flush=True)
-
-    @contextmanager
-    def step(self, name: str) -> Iterator[None]:
-        number = STEPS.index(name) + 1
-        print(
-            f"\n==> [{self.cell}] step {number}/{len(STEPS)}: {name}  (+{self.elapsed()})",
-            flush=True,
-        )
-        began = time.monotonic()
-        record: dict[str, object] = {"name": name, "status": "running"}
-        self.steps.append(record)
-        try:
-            yield
-        except BaseException:
-            record.update(status="failed", seconds=round(time.monotonic() - began, 1))
-            raise
-        record.update(status="ok", seconds=round(time.monotonic() - began, 1))
-        print(f"<== [{self.cell}] {name}: ok in {time.monotonic() - began:.1f}s", flush=True)
-
-
 # --- helpers -------------------------------------------------------------------------------------
 
 
 def run(command: Sequence[str | Path], env: Mapping[str, str], cwd: Path | None = None) -> int:
-    printable = shlex.join(str(part) for part in command)
-    print(f"$ {printable}", flush=True)
-    return subprocess.call([str(part) for part in command], env=dict(env), cwd=cwd)
+    print(f"$ {shlex.join(str(part) for part in command)}", flush=True)
+    return run_streaming(command, print, env=env, cwd=cwd)
 
 
 def must_run(
@@ -276,7 +245,7 @@ def env_key(job: Job) -> str:
         "python": sys.version,
         "base_prefix": sys.base_prefix,
         "torch": job.torch_requirement,
-        "requirements": sorted(job.requirements),
+        "groups": job.groups,
         "wheelhouse": Path(job.wheelhouse).name,
     }
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
@@ -299,22 +268,14 @@ def _ensure_base_env(layout: Layout, base: Path, env: Mapping[str, str], report:
         shutil.rmtree(base)
     report.say(f"creating environment {base} from {layout.wheelhouse}")
     must_run([sys.executable, "-m", "venv", base], env, "creating the venv")
+    offline = ["-m", "pip", "install", "--progress-bar", "off", "--no-index", "--find-links"]
+    offline.append(str(layout.wheelhouse))
+    must_run([venv_python(base), *offline, PIP_WITH_GROUPS], env, f"installing {PIP_WITH_GROUPS}")
+    groups = [f"--group={layout.repo / 'pyproject.toml'}:{group}" for group in job.groups]
     must_run(
-        [
-            venv_python(base),
-            "-m",
-            "pip",
-            "install",
-            "--progress-bar",
-            "off",
-            "--no-index",
-            "--find-links",
-            layout.wheelhouse,
-            job.torch_requirement,
-            *job.requirements,
-        ],
+        [venv_python(base), *offline, job.torch_requirement, *groups],
         env,
-        f"installing {job.torch_requirement} and the build/test groups from the wheelhouse",
+        f"installing {job.torch_requirement} and the groups {', '.join(job.groups)}",
     )
     (base / ENV_COMPLETE_MARKER).write_text(job.to_json(), encoding="utf-8")
     return base
@@ -333,37 +294,34 @@ def create_run_venv(layout: Layout, base: Path, env: Mapping[str, str], report: 
     return venv
 
 
-def torch_matches(job: Job, version: str, cuda: str | None) -> bool:
-    """Whether an installed torch (__version__, version.cuda) is the one the cell pins."""
-    wanted = job.torch_version
-    version_ok = version == wanted if "+" in wanted else version.split("+")[0] == wanted
-    if job.expected_cuda is None:
-        return version_ok and cuda is None
-    return version_ok and cuda is not None and cuda.split(".")[0] == job.expected_cuda
-
-
-def verify_torch(
-    layout: Layout, venv: Path, env: Mapping[str, str], report: Reporter
-) -> dict[str, Any]:
-    job = layout.job
+def in_env(venv: Path, env: Mapping[str, str], *args: str) -> dict[str, Any]:
+    """``python -m fallback_matrix.versions ARGS`` in ``venv``: its JSON answer."""
     result = subprocess.run(
-        [str(venv_python(venv)), "-c", TORCH_PROBE],
+        [str(venv_python(venv)), "-m", "fallback_matrix.versions", *args],
         env=dict(env),
-        cwd=layout.work,
+        cwd=PACKAGE_PARENT,
         capture_output=True,
         text=True,
         check=False,
     )
     if result.returncode != 0:
         print(result.stdout + result.stderr, flush=True)
-        raise StepFailed(f"cell {job.cell}: torch does not import in {venv}; see the error above")
-    info: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-    version, cuda = str(info["version"] or ""), info["cuda"]
+        raise StepFailed(f"checking {args[0]} in {venv} failed; see the error above")
+    answer: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return answer
+
+
+def verify_torch(
+    layout: Layout, venv: Path, env: Mapping[str, str], report: Reporter
+) -> dict[str, Any]:
+    job = layout.job
+    info = in_env(venv, env, "torch", job.torch_version, job.expected_cuda or "-")
+    version, cuda = str(info["version"]), info["cuda"]
     report.say(f"torch {version}, torch.version.cuda={cuda!r}, from {info['file']}")
-    if not torch_matches(job, version, cuda):
+    if not info["matches"]:
         raise StepFailed(
             f"cell {job.cell}: WRONG TORCH: wanted torch {job.torch_version}, "
-            f"{job.wanted_build()}; "
+            f"{describe_build(job.expected_cuda)}; "
             f"got torch {version} with torch.version.cuda={cuda!r}. The wheelhouse "
             f"{layout.wheelhouse} holds the wrong build: delete it and run again, or check "
             "the variant's index (matrix.yaml variants, --index-url)"
@@ -462,34 +420,17 @@ def build_wheel(layout: Layout, env: Mapping[str, str]) -> Path:
     return wheels[0]
 
 
-def torch_pins(wheel: Path) -> list[str]:
-    """The ``torch`` requirements in a wheel's METADATA (``Requires-Dist: torch==2.13.0``)."""
-    with zipfile.ZipFile(wheel) as archive:
-        name = next((n for n in archive.namelist() if n.endswith(".dist-info/METADATA")), None)
-        if name is None:
-            raise StepFailed(f"{wheel.name} has no .dist-info/METADATA; it is not a wheel")
-        text = archive.read(name).decode("utf-8", errors="replace")
-    pins = []
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        requirement = value.strip()
-        if key == "Requires-Dist" and re.match(r"torch\b(?![-_.\w])", requirement):
-            pins.append(requirement)
-    return pins
-
-
-def check_torch_pin(wheel: Path, torch_version: str) -> str:
+def check_torch_pin(layout: Layout, wheel: Path, torch_version: str, env: Mapping[str, str]) -> str:
     """The wheel must require exactly the torch release it was built against."""
-    release = torch_version.split("+", 1)[0]
-    wanted = f"torch=={release}"
-    pins = [pin.replace(" ", "") for pin in torch_pins(wheel)]
-    if pins != [wanted]:
+    answer = in_env(layout.run_venv, env, "wheel", str(wheel), torch_version)
+    if not answer["matches"]:
+        pins = answer["pins"] or "no torch requirement"
         raise StepFailed(
-            f"{wheel.name} declares {pins or 'no torch requirement'}, but it was built against "
-            f"torch {torch_version} and only loads under that release: its metadata must say "
-            f"Requires-Dist: {wanted} (setup.py, distribution_metadata)"
+            f"{wheel.name} declares {pins}, but it was built against torch {torch_version} "
+            f"and only loads under that release: its metadata must say Requires-Dist: "
+            f"{answer['wanted']} (setup.py, distribution_metadata)"
         )
-    return wanted
+    return str(answer["wanted"])
 
 
 def repair_wheel(
@@ -707,20 +648,22 @@ def ccache_stats(env: Mapping[str, str]) -> None:
 
 def execute(job: Job) -> int:
     layout = Layout(job)
-    report = Reporter(job.cell)
+    report = Reporter(cell=job.cell)
     status: dict[str, object] = {"cell": job.cell, "result": "failed", "steps": report.steps}
     env = hermetic_env(layout)
     build = env
     layout.work.mkdir(parents=True, exist_ok=True)
     layout.artifacts.mkdir(parents=True, exist_ok=True)
+    os.chdir(layout.work)  # started from the (read-only) package source; work elsewhere
     wheel: Path | None = None
     try:
-        with report.step("environment"):
+        with report.step("environment", STEPS):
             base = ensure_base_env(layout, env, report)
             venv = create_run_venv(layout, base, env, report)
-        with report.step("verify torch"):
+        with report.step("verify torch", STEPS):
             torch_info = verify_torch(layout, venv, env, report)
             libraries = list(torch_info.pop("libraries", None) or [])
+            torch_info.pop("matches", None)
             status["torch"] = torch_info
         build = build_env(layout, base, env, report)
         if job.prebuilt_wheel:
@@ -733,23 +676,25 @@ def execute(job: Job) -> int:
                 build[PLAIN_VERSION_ENV] = "1"
             build_lock = layout.build_dir.with_name(layout.build_dir.name + ".lock")
             with locked(build_lock, "the build dir", report):
-                with report.step("sources"):
+                with report.step("sources", STEPS):
                     sync_sources(layout, report)
-                with report.step("build"):
+                with report.step("build", STEPS):
                     built = build_wheel(layout, build)
-                    status["requires"] = check_torch_pin(built, str(torch_info["version"]))
+                    status["requires"] = check_torch_pin(
+                        layout, built, str(torch_info["version"]), build
+                    )
                     report.say(f"{built.name}: Requires-Dist: {status['requires']}")
-            with report.step("repair"):
+            with report.step("repair", STEPS):
                 wheel, shown = repair_wheel(layout, built, libraries, build)
                 (layout.artifacts / "auditwheel.txt").write_text(shown + "\n", encoding="utf-8")
                 status["platform"] = platform_tag(wheel)
-        with report.step("install"):
+        with report.step("install", STEPS):
             install_wheel(layout, wheel, env, report)
-        with report.step("tests"):
+        with report.step("tests", STEPS):
             run_tests(layout, env, report)
-        with report.step("example"):
+        with report.step("example", STEPS):
             run_example(layout, build, report)
-        with report.step("artifacts"):
+        with report.step("artifacts", STEPS):
             if wheel is not None:
                 shutil.copy2(wheel, layout.artifacts / wheel.name)
                 status["wheel"] = wheel.name
@@ -776,7 +721,8 @@ def execute(job: Job) -> int:
 def main(argv: Sequence[str]) -> int:
     if len(argv) != 1:
         print(
-            "usage: cell_job.py JOB.json   (written by python -m fallback_matrix)", file=sys.stderr
+            "usage: python -m fallback_matrix.cell_job JOB.json   (written by fallback_matrix)",
+            file=sys.stderr,
         )
         return 2
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from .cell_job import describe_build
 from .errors import MatrixError, UnknownCellError
 from .model import ImageSpec, MatrixFile, SelectionName, TestSelection, VariantName
 
@@ -48,9 +49,7 @@ class Cell:
     @property
     def wanted_build(self) -> str:
         """The torch build this cell must end up with, in words."""
-        if self.cuda is None:
-            return "a CPU-only build (torch.version.cuda is None)"
-        return f"a CUDA {self.cuda} build (torch.version.cuda starts with {self.cuda}.)"
+        return describe_build(self.cuda)
 
 
 def parse_index_override(text: str) -> tuple[VariantName, str]:

@@ -22,11 +22,11 @@ from types import FrameType
 from rich.table import Table
 
 from .cells import Cell, expand_cells, parse_index_override, pick_cells
-from .console import Reporter
 from .errors import MatrixError
 from .loader import LoadedMatrix, find_matrix_file, load_matrix
 from .paths import artifacts_root, cache_root
 from .pipeline import CellResult, run_cells
+from .report import Reporter
 from .runners.choose import decide_runner, make_runner
 from .summary import (
     JUNIT_FILE,
@@ -70,12 +70,12 @@ def _artifacts(args: argparse.Namespace, matrix: LoadedMatrix) -> Path:
 def _publish(reporter: Reporter, artifacts: Path, names: Sequence[str], title: str) -> None:
     """The summary table on the terminal, in $GITHUB_STEP_SUMMARY when set, and a closing line."""
     rows = collect_rows(artifacts, names)
-    reporter.console.print(render_table(rows, title=title))
+    reporter.table(render_table(rows, title=title))
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
         with open(step_summary, "a", encoding="utf-8") as handle:
             handle.write(render_markdown(rows, title=title))
-    reporter.console.print(closing_line(rows, label=title), markup=False, highlight=False)
+    reporter.line(closing_line(rows, label=title))
 
 
 def _report_failures(reporter: Reporter, results: Sequence[CellResult]) -> int:
@@ -93,7 +93,7 @@ def _execute(
     runner_choice: str,
 ) -> list[CellResult]:
     decision = decide_runner(runner_choice)  # type: ignore[arg-type]
-    reporter.note(f"runner {decision.name} ({decision.reason})")
+    reporter.say(f"runner {decision.name} ({decision.reason})")
     return run_cells(
         matrix,
         cells,
@@ -162,9 +162,9 @@ def cmd_list(args: argparse.Namespace, reporter: Reporter) -> int:
             ", ".join(c.selections),
             f"{' '.join(c.tests.paths)} -m '{c.tests.markers}'",
         )
-    reporter.console.print(table)
+    reporter.table(table)
     for variant, index in sorted({(c.variant, c.index) for c in cells}):
-        reporter.console.print(f"index {variant}: {index.url}  ({index.source})", markup=False)
+        reporter.line(f"index {variant}: {index.url}  ({index.source})")
     return EXIT_OK
 
 
@@ -184,7 +184,7 @@ def cmd_reproduce(args: argparse.Namespace, reporter: Reporter) -> int:
     _publish(reporter, _artifacts(args, matrix), [cell.name], title="matrix")
     status = _report_failures(reporter, results)
     if status != EXIT_OK:
-        reporter.note(
+        reporter.say(
             f"artifacts of the run: {_artifacts(args, matrix) / cell.name}/ "
             "(cell.log, junit.xml, status.json)"
         )
@@ -199,15 +199,15 @@ def cmd_summary(args: argparse.Namespace, reporter: Reporter) -> int:
             f"no cell results under {root}; run cells first (python -m fallback_matrix run CELL)"
         )
         return EXIT_USAGE
-    reporter.console.print(render_table(rows))
+    reporter.table(render_table(rows))
     markdown_target = args.markdown or os.environ.get("GITHUB_STEP_SUMMARY")
     if markdown_target == "-":
         print(render_markdown(rows))
     elif markdown_target:
         with open(markdown_target, "a", encoding="utf-8") as handle:
             handle.write(render_markdown(rows))
-        reporter.note(f"markdown summary appended to {markdown_target}")
-    reporter.console.print(closing_line(rows), markup=False, highlight=False)
+        reporter.say(f"markdown summary appended to {markdown_target}")
+    reporter.line(closing_line(rows))
     return EXIT_OK if all(row.result == "passed" for row in rows) else EXIT_FAILED
 
 
@@ -270,7 +270,7 @@ def cmd_test_wheel(args: argparse.Namespace, reporter: Reporter) -> int:
     wheel = stage_wheel(matrix.root, find_wheel(Path(args.wheel)), cell.name)
     reporter.rule(f"testing {wheel.name} in cell {args.cell} (results: {cell.name})")
     decision = decide_runner(args.runner)
-    reporter.note(f"runner {decision.name} ({decision.reason})")
+    reporter.say(f"runner {decision.name} ({decision.reason})")
     result = run_cell(
         matrix,
         cell,
@@ -303,13 +303,12 @@ def cmd_dist(args: argparse.Namespace, reporter: Reporter) -> int:
         tag = None  # not a version tag (a branch): the version is not checked against it
     out = Path(args.out).resolve()
     for wheel in collect_dist(_artifacts(args, matrix), cells, out, tag):
-        reporter.note(f"{wheel.name} -> {out}")
+        reporter.say(f"{wheel.name} -> {out}")
     return EXIT_OK
 
 
 def cmd_publish_local(args: argparse.Namespace, reporter: Reporter) -> int:
     """twine upload to a local pypiserver, then a fresh container installs from it."""
-    from .console import CellLog
     from .pipeline import run_cell
     from .release import LocalIndex, cell_wheel
     from .wheel_tests import renamed
@@ -329,7 +328,7 @@ def cmd_publish_local(args: argparse.Namespace, reporter: Reporter) -> int:
     for stale in (log_dir, packages):
         shutil.rmtree(stale, ignore_errors=True)
     with (
-        CellLog(reporter, "publish", log_dir / "publish.log") as log,
+        reporter.for_cell("publish", log_dir / "publish.log") as log,
         LocalIndex(Path(args.tools), packages, log) as index,
     ):
         index.upload(wheels)
@@ -359,13 +358,13 @@ def cmd_workflows(args: argparse.Namespace, reporter: Reporter) -> int:
         if drift:
             reporter.error(drift.describe())
             return EXIT_FAILED
-        reporter.note(f"{len(planned)} generated file(s) up to date with matrix.yaml")
+        reporter.say(f"{len(planned)} generated file(s) up to date with matrix.yaml")
         return EXIT_OK
     changed = write_workflows(matrix.root, planned)
     for path in changed:
-        reporter.note(f"wrote {path.relative_to(matrix.root)}")
+        reporter.say(f"wrote {path.relative_to(matrix.root)}")
     if not changed:
-        reporter.note("generated files already up to date with matrix.yaml")
+        reporter.say("generated files already up to date with matrix.yaml")
     return EXIT_OK
 
 
@@ -382,28 +381,28 @@ def cmd_clean(args: argparse.Namespace, reporter: Reporter) -> int:
     cache = cache_root(matrix.root)
     for partial in sorted(cache.glob("wheelhouse/.*.partial")):
         shutil.rmtree(partial, ignore_errors=True)
-        reporter.note(f"removed interrupted wheelhouse fill {partial}")
+        reporter.say(f"removed interrupted wheelhouse fill {partial}")
     if engine_status().available:
         from .runners.engine import connect_docker
 
         client = connect_docker()
         for container in leftover_containers(client):
             container.remove(force=True)
-            reporter.note(f"removed leftover container {container.name}")
+            reporter.say(f"removed leftover container {container.name}")
         if args.caches:
             run_dir = os.environ.get(DOCKER_CACHE_ENV, "")
             if run_dir[:1] == "/" and Path(run_dir).exists():
                 shutil.rmtree(run_dir, ignore_errors=True)
-                reporter.note(f"removed {run_dir} (${DOCKER_CACHE_ENV})")
+                reporter.say(f"removed {run_dir} (${DOCKER_CACHE_ENV})")
             for volume in client.volumes.list(filters={"name": CACHE_VOLUME}):
                 volume.remove(force=True)
-                reporter.note(f"removed volume {volume.name}")
+                reporter.say(f"removed volume {volume.name}")
             for image in client.images.list(filters={"label": f"{LABEL}=image"}):
                 client.images.remove(str(image.id), force=True)
-                reporter.note(f"removed image {', '.join(image.tags) or image.short_id}")
+                reporter.say(f"removed image {', '.join(image.tags) or image.short_id}")
     if args.caches and cache.exists():
         shutil.rmtree(cache)
-        reporter.note(f"removed {cache}")
+        reporter.say(f"removed {cache}")
     return EXIT_OK
 
 

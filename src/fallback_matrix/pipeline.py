@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .cells import Cell
-from .console import CellLog, Reporter
 from .errors import MatrixError
 from .loader import LoadedMatrix
 from .project import dependency_groups
+from .report import Reporter
 from .runners.base import CellWork, Runner
 from .sources import source_files
 from .summary import LOG_FILE, RESULT_FILE
@@ -69,21 +69,20 @@ def run_cell(
     error: str | None = None
     exit_code = 1
     where: str = runner.name
-    with CellLog(reporter, cell.name, artifacts / LOG_FILE) as log:
-        log.step(
+    with reporter.for_cell(cell.name, artifacts / LOG_FILE) as log:
+        log.say(
             f"torch=={cell.torch} ({cell.variant}), Python {cell.python}, "
             f"tests {' '.join(cell.tests.paths)} "
             f"-m {cell.tests.markers!r}, index {cell.index.url} ({cell.index.source})"
         )
         try:
-            requirements = dependency_groups(matrix.root / "pyproject.toml")
-            request = WheelhouseRequest.for_cell(cell, requirements)
+            pyproject = matrix.root / "pyproject.toml"
+            request = WheelhouseRequest.for_cell(cell, dependency_groups(pyproject), pyproject)
             wheelhouse = ensure_wheelhouse(
                 request, cell.index.url, cache_root, log, variant=cell.variant
             )
             work = CellWork(
                 cell=cell,
-                requirements=requirements,
                 sources=source_files(matrix.root),
                 repo=matrix.root,
                 wheelhouse=wheelhouse,
@@ -142,6 +141,6 @@ def run_cells(
             reporter=reporter,
         )
         state = "passed" if result.passed else "FAILED"
-        reporter.step(cell.name, f"{state} in {result.seconds:.0f}s (log {result.log})")
+        reporter.say(f"{cell.name} {state} in {result.seconds:.0f}s (log {result.log})")
         results.append(result)
     return results

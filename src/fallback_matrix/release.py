@@ -24,9 +24,9 @@ from types import TracebackType
 from packaging.utils import parse_wheel_filename
 
 from .cells import Cell
-from .console import CellLog
 from .errors import MatrixError
-from .procs import run_streaming
+from .report import Reporter
+from .report import run as run_streaming
 
 
 def cell_wheel(artifacts: Path, cell: str) -> Path:
@@ -77,7 +77,7 @@ def free_port() -> int:
 class LocalIndex:
     """A pypiserver serving ``directory`` on 127.0.0.1, uploads allowed without a password."""
 
-    def __init__(self, tools: Path, directory: Path, log: CellLog) -> None:
+    def __init__(self, tools: Path, directory: Path, log: Reporter) -> None:
         self.tools, self.directory, self.log = tools, directory, log
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -90,7 +90,7 @@ class LocalIndex:
             raise MatrixError(f"{server} not found: pip install pypiserver (nox -s publish-local)")
         command = [str(server), "run", "-p", str(self.port), "-i", "127.0.0.1"]
         command += ["-a", ".", "-P", ".", "--disable-fallback", str(self.directory)]
-        self.log.step(f"local index: {' '.join(command)}")
+        self.log.say(f"local index: {' '.join(command)}")
         self._process = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
@@ -98,7 +98,7 @@ class LocalIndex:
         while time.monotonic() < deadline:
             try:
                 with urllib.request.urlopen(f"{self.url}/simple/", timeout=2):
-                    self.log.step(f"local index: answering at {self.url}/simple/")
+                    self.log.say(f"local index: answering at {self.url}/simple/")
                     return self
             except (urllib.error.URLError, OSError):
                 if self._process.poll() is not None:
@@ -122,7 +122,7 @@ class LocalIndex:
         command = [str(self.tools / "twine"), "upload", "--non-interactive"]
         command += ["--repository-url", f"{self.url}/", "-u", "ci", "-p", "ci"]
         command += [str(wheel) for wheel in wheels]
-        self.log.step(f"twine upload of {len(wheels)} wheel(s) to {self.url}/")
+        self.log.say(f"twine upload of {len(wheels)} wheel(s) to {self.url}/")
         status = run_streaming(command, self.log.line)
         if status != 0:
             raise MatrixError(f"twine upload to {self.url} failed (exit {status}); see above")
@@ -132,4 +132,4 @@ class LocalIndex:
             for line in listing.read().decode().splitlines()
             if "<a " in line
         )
-        self.log.step(f"local index now serves: {', '.join(names)}")
+        self.log.say(f"local index now serves: {', '.join(names)}")

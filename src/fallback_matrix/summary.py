@@ -17,8 +17,8 @@ from typing import Any
 
 from rich.table import Table
 
-from .console import format_elapsed
 from .junit import JUnitCounts, read_counts
+from .report import format_elapsed
 
 RESULT_FILE = "result.json"
 STATUS_FILE = "status.json"

@@ -24,17 +24,20 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from packaging.version import Version
 
+from .cell_job import PIP_WITH_GROUPS
 from .cells import Cell
-from .console import CellLog
 from .errors import WheelhouseError
 from .index_probe import ProbeResult, probe_index
-from .procs import run_streaming
+from .project import group_args
+from .report import Reporter
+from .report import run as run_streaming
+from .versions import torch_matches
 
 # pip does not widen --platform to older glibc versions by itself: list every
 # manylinux tag the images' glibc (Debian bookworm: 2.36) accepts, newest first.
@@ -64,18 +67,19 @@ class WheelhouseRequest:
     cell: str
     python: str
     torch_requirement: str
-    requirements: tuple[str, ...]
+    groups: str  # the [dependency-groups] table (project.dependency_groups)
+    pyproject: Path = field(default=Path("pyproject.toml"), compare=False)
     platforms: tuple[str, ...] = PLATFORMS
 
     @classmethod
-    def for_cell(cls, cell: Cell, requirements: Sequence[str]) -> WheelhouseRequest:
-        return cls(cell.name, cell.python, cell.torch_requirement, tuple(requirements))
+    def for_cell(cls, cell: Cell, groups: str, pyproject: Path) -> WheelhouseRequest:
+        return cls(cell.name, cell.python, cell.torch_requirement, groups, pyproject)
 
     def key(self) -> str:
         content = {
             "python": self.python,
             "torch": self.torch_requirement,
-            "requirements": sorted(self.requirements),
+            "groups": self.groups,
             "platforms": sorted(self.platforms),
         }
         digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
@@ -119,21 +123,13 @@ def check_torch_wheel(directory: Path, request: WheelhouseRequest) -> Path:
             f"in the wheelhouse, found {names}"
         )
     got = wheel_version(found[0])
-    if not torch_version_matches(wanted, got):
+    if not torch_matches(wanted, got):
         raise WheelhouseError(
             f"cell {request.cell}: pip downloaded {found[0].name} for {request.torch_requirement}: "
             f"wanted version {wanted}, got {got}. Check the index it used (above) and pip's "
             "configuration (pip config list)"
         )
     return found[0]
-
-
-def torch_version_matches(wanted: str, got: str) -> bool:
-    """Whether torch ``got`` ("2.13.0+cpu") is the pin ``wanted`` ("2.13.0+cpu" or "2.13.0")."""
-    wanted_version, got_version = Version(wanted), Version(got)
-    if wanted_version.local is not None:
-        return got_version == wanted_version
-    return got_version.public == wanted_version.public
 
 
 def check_variant(wheel: Path, request: WheelhouseRequest, variant: str) -> None:
@@ -175,7 +171,7 @@ def hermetic_pip(environ: Mapping[str, str] | None = None) -> tuple[list[str], d
     return (["--cert", cert] if cert else []), env
 
 
-def host_pip_download(log: CellLog) -> PipDownload:
+def host_pip_download(log: Reporter) -> PipDownload:
     """pip download with the host's Python (and its pip configuration, unless given ``env``)."""
 
     def download(args: Sequence[str], env: Mapping[str, str] | None = None) -> int:
@@ -189,7 +185,7 @@ def ensure_wheelhouse(
     request: WheelhouseRequest,
     index_url: str,
     cache_root: Path,
-    log: CellLog,
+    log: Reporter,
     *,
     pip_download: PipDownload | None = None,
     probe: IndexProbe = probe_index,
@@ -199,7 +195,7 @@ def ensure_wheelhouse(
     final = wheelhouse_path(cache_root, request)
     if (final / MANIFEST_NAME).is_file():
         count = len(list(final.glob("*.whl")))
-        log.step(f"wheelhouse: reusing {final} ({count} wheels)")
+        log.say(f"wheelhouse: reusing {final} ({count} wheels)")
         return final
     pip_download = pip_download or host_pip_download(log)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -208,7 +204,7 @@ def ensure_wheelhouse(
         _fill(request, index_url, staging, log, pip_download, probe, variant)
         staging.chmod(0o755)  # mkdtemp makes it 0700; the container user must read it
         if (final / MANIFEST_NAME).is_file():
-            log.step(f"wheelhouse: another run completed {final} meanwhile; using it")
+            log.say(f"wheelhouse: another run completed {final} meanwhile; using it")
             return final
         if final.exists():
             shutil.rmtree(final)  # an incomplete directory from an older layout
@@ -216,7 +212,7 @@ def ensure_wheelhouse(
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
-    log.step(f"wheelhouse: complete at {final}")
+    log.say(f"wheelhouse: complete at {final}")
     return final
 
 
@@ -224,7 +220,7 @@ def _fill(
     request: WheelhouseRequest,
     index_url: str,
     staging: Path,
-    log: CellLog,
+    log: Reporter,
     pip_download: PipDownload,
     probe: IndexProbe,
     variant: str,
@@ -233,14 +229,14 @@ def _fill(
     result = probe(index_url)
     env: dict[str, str] | None = None
     if result.reachable:
-        log.step(
+        log.say(
             f"wheelhouse: {request.torch_requirement} from {index_url} "
             "(no pip configuration of this machine applies to torch)"
         )
         cert_args, env = hermetic_pip()
         index_args = [*cert_args, "--index-url", index_url]
     else:
-        log.step(
+        log.say(
             f"index {index_url} unreachable ({result.detail}); "
             "using pip's own configuration instead"
         )
@@ -256,9 +252,10 @@ def _fill(
         )
     torch_wheel = check_torch_wheel(staging, request)
     check_variant(torch_wheel, request, variant)
-    log.step(f"wheelhouse: got {torch_wheel.name}")
-    log.step(f"wheelhouse: {', '.join(request.requirements)} from pip's configured index")
-    status = pip_download([*target, "--dest", str(staging), *request.requirements])
+    log.say(f"wheelhouse: got {torch_wheel.name}")
+    groups = group_args(request.pyproject)
+    log.say(f"wheelhouse: {PIP_WITH_GROUPS} and {' '.join(groups)} from pip's configured index")
+    status = pip_download([*target, "--dest", str(staging), PIP_WITH_GROUPS, *groups])
     if status != 0:
         raise WheelhouseError(
             f"cell {request.cell}: pip download of the build/test groups failed (exit {status}); "
@@ -266,6 +263,7 @@ def _fill(
         )
     manifest = {
         **asdict(request),
+        "pyproject": str(request.pyproject),
         "key": request.key(),
         "torch_index": index_url if result.reachable else "pip configuration",
         "torch_wheel": torch_wheel.name,

@@ -86,19 +86,15 @@ def repo_root() -> Path:
 
 @pytest.fixture
 def reporter() -> Any:
-    """A Reporter printing into a buffer: reporter.console.file.getvalue() is what a user saw."""
+    """A Reporter printing into a buffer: reporter.stream.getvalue() is what a user saw."""
     import io
 
-    from rich.console import Console
+    from fallback_matrix.report import Reporter
 
-    from fallback_matrix.console import Reporter
-
-    return Reporter(Console(file=io.StringIO(), width=200, highlight=False, soft_wrap=True))
+    return Reporter(io.StringIO())
 
 
 @pytest.fixture
 def cell_log(reporter: Any, tmp_path: Path) -> Any:
-    from fallback_matrix.console import CellLog
-
-    with CellLog(reporter, "cpu", tmp_path / "artifacts" / "cpu" / "cell.log") as log:
+    with reporter.for_cell("cpu", tmp_path / "artifacts" / "cpu" / "cell.log") as log:
         yield log

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from fallback_matrix.cells import Cell
-from fallback_matrix.console import CellLog, Reporter
 from fallback_matrix.image import plan_image
 from fallback_matrix.loader import load_matrix
 from fallback_matrix.pipeline import run_cell
+from fallback_matrix.report import Reporter
 from fallback_matrix.runners.base import CellWork, RunnerName, RunOutcome
 from fallback_matrix.runners.docker_runner import LABEL, ensure_image, execute, plan_container
 from fallback_matrix.runners.engine import engine_status
@@ -59,7 +59,7 @@ class CommandRunner:
     def __init__(self, client: Any, volume: str, script: str) -> None:
         self.client, self.volume, self.script = client, volume, script
 
-    def run(self, work: CellWork, log: CellLog) -> RunOutcome:
+    def run(self, work: CellWork, log: Reporter) -> RunOutcome:
         image = ensure_image(self.client, plan_image(work.repo, work.cell), log)
         plan = plan_container(work, image, volume=self.volume)
         plan = dataclasses.replace(plan, command=["sh", "-c", self.script])
@@ -69,7 +69,8 @@ class CommandRunner:
 def fake_complete_wheelhouse(cache: Path, cell: Cell, repo: Path) -> None:
     from fallback_matrix.project import dependency_groups
 
-    request = WheelhouseRequest.for_cell(cell, dependency_groups(repo / "pyproject.toml"))
+    pyproject = repo / "pyproject.toml"
+    request = WheelhouseRequest.for_cell(cell, dependency_groups(pyproject), pyproject)
     path = wheelhouse_path(cache, request)
     path.mkdir(parents=True)
     path.chmod(0o755)

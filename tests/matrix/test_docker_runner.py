@@ -37,7 +37,6 @@ def work(matrix_data: dict[str, Any], repo_root: Path, tmp_path: Path) -> CellWo
     cell = expand_cells(MatrixFile.model_validate(matrix_data))[0]
     return CellWork(
         cell=cell,
-        requirements=("pytest>=8",),
         sources=("pyproject.toml",),
         repo=repo_root,
         wheelhouse=tmp_path / "wheelhouse",
@@ -85,9 +84,11 @@ def test_plan_mounts_repo_and_wheelhouse_read_only(work: CellWork) -> None:
     assert not mounts["/cache"].read_only
     assert plan.name == "fallback-matrix-cpu-x1"
     assert plan.labels == {LABEL: "1", CELL_LABEL: "cpu"}
+    # the job is the package's own module, found in the mounted src/ (working directory)
     assert plan.command == [
         "python3",
-        "/src/src/fallback_matrix/cell_job.py",
+        "-m",
+        "fallback_matrix.cell_job",
         "/tmp/fallback-matrix-job.json",
     ]
 

@@ -18,7 +18,10 @@ from fallback_matrix.wheelhouse import (
     wheelhouse_path,
 )
 
-REQUEST = WheelhouseRequest("cpu", "3.11", "torch==2.13.0+cpu", ("setuptools>=69", "pytest>=8"))
+GROUPS = '{"build": ["setuptools>=69"], "test": ["pytest>=8"]}'
+REQUEST = WheelhouseRequest(
+    "cpu", "3.11", "torch==2.13.0+cpu", GROUPS, Path("/repo/pyproject.toml")
+)
 INDEX = "https://download.pytorch.org/whl/cpu"
 
 
@@ -56,7 +59,7 @@ class FakePip:
 
 def output_of(reporter: Any) -> str:
     """What the user saw on the terminal."""
-    return str(reporter.console.file.getvalue())
+    return str(reporter.stream.getvalue())
 
 
 def reachable(url: str) -> ProbeResult:
@@ -73,29 +76,27 @@ def fill(tmp_path: Path, cell_log: Any, pip: FakePip, probe: Any = unreachable) 
     )
 
 
-def test_key_is_stable_and_ignores_requirement_order() -> None:
-    shuffled = WheelhouseRequest(
-        "cpu", "3.11", "torch==2.13.0+cpu", ("pytest>=8", "setuptools>=69")
-    )
-    assert REQUEST.key() == shuffled.key()
+def test_key_is_stable_and_ignores_where_the_project_lies() -> None:
+    elsewhere = WheelhouseRequest("cpu", "3.11", "torch==2.13.0+cpu", GROUPS, Path("x.toml"))
+    assert REQUEST.key() == elsewhere.key()
     assert REQUEST.dirname() == f"torch-2.13.0-cpu-py3.11-{REQUEST.key()}"
 
 
 def test_cells_that_install_the_same_share_one_wheelhouse() -> None:
     """A build cell and the GPU cell testing its wheel: one directory, one CI cache entry."""
-    build = WheelhouseRequest("cuda", "3.11", "torch==2.14.1", ("pytest>=8",))
-    gpu = WheelhouseRequest("cuda-gpu", "3.11", "torch==2.14.1", ("pytest>=8",))
+    build = WheelhouseRequest("cuda", "3.11", "torch==2.14.1", '{"test": ["pytest>=8"]}')
+    gpu = WheelhouseRequest("cuda-gpu", "3.11", "torch==2.14.1", '{"test": ["pytest>=8"]}')
     assert build.dirname() == gpu.dirname()
-    other = WheelhouseRequest("cuda", "3.11", "torch==2.13.0", ("pytest>=8",))
+    other = WheelhouseRequest("cuda", "3.11", "torch==2.13.0", '{"test": ["pytest>=8"]}')
     assert other.dirname() != build.dirname()
 
 
 @pytest.mark.parametrize(
     "changed",
     [
-        WheelhouseRequest("cpu", "3.12", "torch==2.13.0+cpu", ("setuptools>=69", "pytest>=8")),
-        WheelhouseRequest("cpu", "3.11", "torch==2.13.1+cpu", ("setuptools>=69", "pytest>=8")),
-        WheelhouseRequest("cpu", "3.11", "torch==2.13.0+cpu", ("setuptools>=69", "pytest>=9")),
+        WheelhouseRequest("cpu", "3.12", "torch==2.13.0+cpu", GROUPS),
+        WheelhouseRequest("cpu", "3.11", "torch==2.13.1+cpu", GROUPS),
+        WheelhouseRequest("cpu", "3.11", "torch==2.13.0+cpu", GROUPS.replace(">=8", ">=9")),
     ],
 )
 def test_key_changes_with_what_is_installed(changed: WheelhouseRequest) -> None:
@@ -111,7 +112,12 @@ def test_fill_downloads_for_the_cell_platform_and_completes(tmp_path: Path, cell
     assert path.stat().st_mode & 0o777 == 0o755  # readable by the container's user
     torch_call, groups_call = pip.calls
     assert torch_call[-1] == "torch==2.13.0+cpu"
-    assert groups_call[-2:] == ["setuptools>=69", "pytest>=8"]
+    # pip resolves the dependency groups itself (and the pip that installs them in a cell)
+    assert groups_call[-3:] == [
+        "pip>=25.1",
+        "--group=/repo/pyproject.toml:build",
+        "--group=/repo/pyproject.toml:test",
+    ]
     for call in pip.calls:
         assert "--only-binary=:all:" in call
         assert call[call.index("--python-version") + 1] == "3.11"
@@ -149,7 +155,7 @@ def test_reachable_index_is_used_for_torch_only(
 
 
 def test_a_cpu_only_torch_for_a_cuda_cell_is_refused(tmp_path: Path, cell_log: Any) -> None:
-    request = WheelhouseRequest("cuda-213", "3.11", "torch==2.13.0", ("pytest>=8",))
+    request = WheelhouseRequest("cuda-213", "3.11", "torch==2.13.0", '{"test": ["pytest>=8"]}')
     pip = FakePip(torch_wheel="torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
     with pytest.raises(WheelhouseError, match=r"CPU-only build, for a CUDA cell"):
         ensure_wheelhouse(
@@ -207,7 +213,7 @@ def test_a_torch_of_another_version_is_refused(tmp_path: Path, cell_log: Any) ->
 def test_a_pin_without_local_version_accepts_the_build_pip_chose(
     tmp_path: Path, cell_log: Any
 ) -> None:
-    request = WheelhouseRequest("cuda", "3.11", "torch==2.14.1", ("pytest>=8",))
+    request = WheelhouseRequest("cuda", "3.11", "torch==2.14.1", '{"test": ["pytest>=8"]}')
     pip = FakePip(torch_wheel="torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl")
     path = ensure_wheelhouse(
         request, INDEX, tmp_path / "cache", cell_log, pip_download=pip, probe=unreachable

@@ -8,7 +8,8 @@ from typing import Literal, Protocol
 
 from ..cell_job import Job
 from ..cells import Cell
-from ..console import CellLog
+from ..project import CELL_GROUPS
+from ..report import Reporter
 
 RunnerName = Literal["docker", "local"]
 RunnerChoice = Literal["docker", "local", "auto"]
@@ -19,7 +20,6 @@ class CellWork:
     """One cell to run, with host paths; each runner maps them to where the job sees them."""
 
     cell: Cell
-    requirements: tuple[str, ...]
     sources: tuple[str, ...]
     repo: Path
     wheelhouse: Path
@@ -36,7 +36,7 @@ class CellWork:
             cell=self.cell.name,
             torch_requirement=self.cell.torch_requirement,
             expected_cuda=self.cell.cuda,
-            requirements=list(self.requirements),
+            groups=list(CELL_GROUPS),
             test_paths=list(tests.paths),
             test_markers=tests.markers,
             allow_empty=tests.allow_empty,
@@ -67,4 +67,4 @@ class RunOutcome:
 class Runner(Protocol):
     name: RunnerName
 
-    def run(self, work: CellWork, log: CellLog) -> RunOutcome: ...
+    def run(self, work: CellWork, log: Reporter) -> RunOutcome: ...

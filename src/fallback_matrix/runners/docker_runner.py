@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..console import CellLog
 from ..errors import ImageBuildError, RunnerUnavailableError
 from ..image import ImagePlan, plan_image
+from ..report import Reporter
 from .base import CellWork, RunnerName, RunOutcome
 from .engine import connect_docker
 
@@ -56,8 +56,9 @@ class InContainer:
         return f"{self.job_dir}/{self.job_name}"
 
     @property
-    def script(self) -> str:
-        return f"{self.repo}/src/fallback_matrix/cell_job.py"
+    def package_parent(self) -> str:
+        """Where ``python -m fallback_matrix.cell_job`` finds the package: the mounted src/."""
+        return f"{self.repo}/src"
 
 
 PATHS = InContainer()
@@ -134,7 +135,7 @@ def plan_container(
         cell=work.cell.name,
         image=image_tag,
         name=f"fallback-matrix-{work.cell.name}-{suffix or uuid.uuid4().hex[:8]}",
-        command=["python3", PATHS.script, PATHS.job_file],
+        command=["python3", "-m", "fallback_matrix.cell_job", PATHS.job_file],
         mounts=[
             BindMount(str(work.repo), PATHS.repo, read_only=True, kind="bind"),
             BindMount(str(work.wheelhouse), PATHS.wheelhouse, read_only=True, kind="bind"),
@@ -152,7 +153,7 @@ def plan_container(
     )
 
 
-def ensure_image(client: DockerClient, plan: ImagePlan, log: CellLog) -> str:
+def ensure_image(client: DockerClient, plan: ImagePlan, log: Reporter) -> str:
     """The image's tag, built now only when no image has this tag yet."""
     import docker
 
@@ -161,10 +162,10 @@ def ensure_image(client: DockerClient, plan: ImagePlan, log: CellLog) -> str:
     except docker.errors.ImageNotFound:
         pass
     else:
-        log.step(f"image {plan.tag}: reusing it (Dockerfile and build args unchanged)")
+        log.say(f"image {plan.tag}: reusing it (Dockerfile and build args unchanged)")
         return plan.tag
     args = " ".join(f"{key}={value}" for key, value in plan.build_args.items())
-    log.step(f"image {plan.tag}: building {plan.context / plan.dockerfile} with {args}")
+    log.say(f"image {plan.tag}: building {plan.context / plan.dockerfile} with {args}")
     try:
         for chunk in client.api.build(
             path=str(plan.context),
@@ -189,7 +190,7 @@ def ensure_image(client: DockerClient, plan: ImagePlan, log: CellLog) -> str:
         raise ImageBuildError(
             f"cell {log.cell}: building image {plan.tag} failed: {error}; log: {log.path}"
         ) from None
-    log.step(f"image {plan.tag}: built")
+    log.say(f"image {plan.tag}: built")
     return plan.tag
 
 
@@ -251,19 +252,19 @@ def _create(client: DockerClient, plan: ContainerPlan) -> Any:
         mounts=mounts,
         network_mode=plan.network,
         device_requests=device_requests,
-        working_dir="/tmp",
+        working_dir=PATHS.package_parent,
         user=plan.user or "",
     )
 
 
-def execute(client: DockerClient, plan: ContainerPlan, log: CellLog, artifacts: Path) -> int:
+def execute(client: DockerClient, plan: ContainerPlan, log: Reporter, artifacts: Path) -> int:
     """Run the planned container to its end; always remove it. Returns its exit status."""
     import docker
 
     container = None
     try:
         container = _create(client, plan)
-        log.step(f"container {plan.name} from image {plan.image}")
+        log.say(f"container {plan.name} from image {plan.image}")
         container.put_archive(PATHS.job_dir, job_archive(PATHS.job_name, plan.job_json))
         try:
             container.start()
@@ -281,7 +282,7 @@ def execute(client: DockerClient, plan: ContainerPlan, log: CellLog, artifacts: 
         try:
             stream, _ = container.get_archive(PATHS.artifacts)
             copied = extract_archive(stream, artifacts)
-            log.step(f"artifacts: {', '.join(sorted(copied)) or 'none'} -> {artifacts}")
+            log.say(f"artifacts: {', '.join(sorted(copied)) or 'none'} -> {artifacts}")
         except docker.errors.NotFound:
             log.warn(f"the container has no {PATHS.artifacts}; no artifacts copied")
         return status
@@ -317,7 +318,7 @@ class DockerRunner:
             self._client = self._connect()
         return self._client
 
-    def run(self, work: CellWork, log: CellLog) -> RunOutcome:
+    def run(self, work: CellWork, log: Reporter) -> RunOutcome:
         client = self.client()
         if self.volume[:1] == "/":
             prepare_cache_dir(self.volume)

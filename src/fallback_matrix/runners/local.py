@@ -6,12 +6,10 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
-from .. import cell_job
-from ..console import CellLog
 from ..errors import RunnerUnavailableError
-from ..procs import run_streaming
+from ..report import Reporter
+from ..report import run as run_streaming
 from .base import CellWork, RunnerName, RunOutcome
 
 VERSION_PROBE = "import sys; print('%d.%d' % sys.version_info[:2])"
@@ -46,7 +44,7 @@ class LocalRunner:
 
     name: RunnerName = "local"
 
-    def run(self, work: CellWork, log: CellLog) -> RunOutcome:
+    def run(self, work: CellWork, log: Reporter) -> RunOutcome:
         python = find_python(work.cell.python)
         root = work.cache_root / "local"
         job_dir = root / "work" / work.cell.name
@@ -67,6 +65,8 @@ class LocalRunner:
                 "--gpus has no effect with the local runner: "
                 "the job sees the host's GPUs as they are"
             )
-        log.step(f"runner local: {python} {Path(cell_job.__file__).name} (cache {root})")
-        status = run_streaming([python, cell_job.__file__, str(job_file)], log.line)
+        source = work.repo / "src"  # where `python -m` finds fallback_matrix.cell_job
+        log.say(f"runner local: {python} -m fallback_matrix.cell_job in {source} (cache {root})")
+        command = [python, "-m", "fallback_matrix.cell_job", str(job_file)]
+        status = run_streaming(command, log.line, cwd=source)
         return RunOutcome(exit_code=status, where=f"local Python {python}")
