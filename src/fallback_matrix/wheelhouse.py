@@ -171,11 +171,37 @@ def hermetic_pip(environ: Mapping[str, str] | None = None) -> tuple[list[str], d
     return (["--cert", cert] if cert else []), env
 
 
-def host_pip_download(log: Reporter) -> PipDownload:
-    """pip download with the host's Python (and its pip configuration, unless given ``env``)."""
+def download_python(version: str, cache_root: Path, log: Reporter) -> str:
+    """A Python ``version`` with pip >= 25.1 to run pip download for a cell with.
+
+    pip evaluates the environment markers of dependencies (``tomli; python_version <
+    "3.11"``) for the Python it runs on, whatever --python-version says: a cell's
+    wheels are downloaded by its own Python version, from a venv kept in the cache.
+    """
+    from .runners.local import find_python
+
+    if version == f"{sys.version_info.major}.{sys.version_info.minor}":
+        return sys.executable
+    venv = cache_root / "pip" / f"py{version}"
+    python = venv / "bin" / "python"
+    if not (venv / ".complete").is_file():
+        interpreter = find_python(version, purpose="pip downloads a cell's wheels with it")
+        log.say(f"wheelhouse: a venv of {interpreter} with {PIP_WITH_GROUPS} at {venv}")
+        for command in (
+            [interpreter, "-m", "venv", "--clear", str(venv)],
+            [str(python), "-m", "pip", "install", "--progress-bar", "off", PIP_WITH_GROUPS],
+        ):
+            if run_streaming(command, log.line) != 0:
+                raise WheelhouseError(f"{' '.join(command)} failed; see above")
+        (venv / ".complete").write_text(interpreter + "\n", encoding="utf-8")
+    return str(python)
+
+
+def host_pip_download(log: Reporter, python: str = sys.executable) -> PipDownload:
+    """pip download with ``python`` (and pip's configuration here, unless given ``env``)."""
 
     def download(args: Sequence[str], env: Mapping[str, str] | None = None) -> int:
-        command = [sys.executable, "-m", "pip", "download", "--progress-bar", "off", *args]
+        command = [python, "-m", "pip", "download", "--progress-bar", "off", *args]
         return run_streaming(command, log.line, env=env)
 
     return download
@@ -197,7 +223,8 @@ def ensure_wheelhouse(
         count = len(list(final.glob("*.whl")))
         log.say(f"wheelhouse: reusing {final} ({count} wheels)")
         return final
-    pip_download = pip_download or host_pip_download(log)
+    if pip_download is None:
+        pip_download = host_pip_download(log, download_python(request.python, cache_root, log))
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent))
     try:

@@ -214,10 +214,15 @@ def _run(name: str, command: str) -> dict[str, Any]:
     return {"name": name, "run": command}
 
 
+TOOLING_PYTHON = "3.11"  # what nox and fallback_matrix run on (the noxfile's requires-python)
+
+
 def _setup(python: str) -> list[dict[str, Any]]:
+    """Check out; the cell's Python (pip downloads its wheels with it) and the tooling's."""
+    versions = "\n".join(dict.fromkeys([python, TOOLING_PYTHON]))  # the last is the default
     return [
         _uses("checkout", "check out", persist_credentials=False),
-        _uses("setup-python", f"set up Python {python}", python_version=python),
+        _uses("setup-python", f"set up Python {python}", python_version=versions),
         _run("install nox", "python -m pip install nox"),
     ]
 
@@ -518,6 +523,8 @@ def _lines(data: Any, indent: str) -> list[str]:
                 lines += nested[1:]
             else:
                 lines += [head + comment, *nested]
+        elif isinstance(value, str) and "\n" in value:  # a literal block
+            lines += [f"{head} |{comment}", *(f"{indent}  {part}" for part in value.split("\n"))]
         else:
             lines.append(f"{head} {_scalar(value)}{comment}")
     return lines

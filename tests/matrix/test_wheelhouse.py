@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -219,3 +220,33 @@ def test_a_pin_without_local_version_accepts_the_build_pip_chose(
         request, INDEX, tmp_path / "cache", cell_log, pip_download=pip, probe=unreachable
     )
     assert path.name.startswith("torch-2.14.1-py3.11-")
+
+
+def test_wheels_are_downloaded_by_the_cells_own_python(
+    tmp_path: Path, cell_log: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pip evaluates dependency markers (tomli; python_version < "3.11") for the Python it
+    runs on: a Python 3.10 cell's wheelhouse is filled by a Python 3.10 pip (>= 25.1)."""
+    from fallback_matrix import wheelhouse
+    from fallback_matrix.runners import local
+
+    commands: list[list[str]] = []
+
+    def fake_run(command: Any, sink: Any, **kwargs: Any) -> int:
+        commands.append([str(part) for part in command])
+        if "venv" in command:
+            Path(command[-1]).mkdir(parents=True)
+        return 0
+
+    monkeypatch.setattr(local, "find_python", lambda version, **kwargs: f"/opt/py{version}")
+    monkeypatch.setattr(wheelhouse, "run_streaming", fake_run)
+    python = wheelhouse.download_python("3.10", tmp_path, cell_log)
+    assert python == str(tmp_path / "pip" / "py3.10" / "bin" / "python")
+    assert commands == [
+        ["/opt/py3.10", "-m", "venv", "--clear", str(tmp_path / "pip" / "py3.10")],
+        [python, "-m", "pip", "install", "--progress-bar", "off", "pip>=25.1"],
+    ]
+    assert wheelhouse.download_python("3.10", tmp_path, cell_log) == python  # kept
+    assert len(commands) == 2
+    running = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert wheelhouse.download_python(running, tmp_path, cell_log) == sys.executable

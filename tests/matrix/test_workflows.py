@@ -449,3 +449,11 @@ def test_workflows_hold_no_yaml_anchors(repo_root: Path) -> None:
     for path in (repo_root / WORKFLOWS_DIR).glob("*.yml"):
         text = path.read_text(encoding="utf-8")
         assert not re.search(r"[&*]id\d+", text), f"{path.name}: YAML anchor or alias"
+
+
+def test_a_cell_job_sets_up_the_cells_python_and_the_toolings(
+    committed: dict[str, dict[str, Any]],
+) -> None:
+    steps = committed["matrix-main.yml"]["jobs"]["build-oldest"]["steps"]
+    (setup,) = [s for s in steps if s.get("uses", "").startswith("actions/setup-python@")]
+    assert setup["with"]["python-version"].split() == ["3.10", "3.11"]  # 3.11 last: default

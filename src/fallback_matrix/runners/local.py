@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from ..errors import RunnerUnavailableError
 from ..report import Reporter
@@ -25,17 +27,23 @@ def _python_version(executable: str) -> str | None:
     return result.stdout.strip() if result.returncode == 0 else None
 
 
-def find_python(version: str, which: Callable[[str], str | None] = shutil.which) -> str:
-    """An interpreter of ``version`` ("3.11"): this one, else pythonX.Y on PATH."""
+def find_python(
+    version: str,
+    which: Callable[[str], str | None] = shutil.which,
+    purpose: str = "the local runner needs it for this cell; or use --runner docker",
+) -> str:
+    """An interpreter of ``version`` ("3.11"): this one, pythonX.Y on PATH, or pyenv's."""
     running = f"{sys.version_info.major}.{sys.version_info.minor}"
     if running == version:
         return sys.executable
-    candidate = which(f"python{version}")
-    if candidate and _python_version(candidate) == version:
-        return candidate
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    installed = sorted(pyenv.glob(f"{version}.*/bin/python{version}"), reverse=True)
+    for candidate in [which(f"python{version}"), *map(str, installed)]:
+        if candidate and _python_version(candidate) == version:
+            return candidate
     raise RunnerUnavailableError(
-        f"the local runner needs Python {version} for this cell, but this is Python {running} "
-        f"and no python{version} is on PATH: install Python {version}, or use --runner docker"
+        f"no Python {version} here (this is Python {running}; none on PATH as python{version} "
+        f"or under {pyenv}): install Python {version} ({purpose})"
     )
 
 
