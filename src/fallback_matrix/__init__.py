@@ -10,8 +10,8 @@ wheelhouse  every wheel a cell installs, downloaded once on the host (``wheelhou
 job         what a runner executes for one cell: build, repair and test its wheel, or
             test a given one (``cell_job.Job``, the same JSON on the host and inside)
 runner      where a job runs: ``docker`` (the cell's image) or ``local`` (a host venv)
-result      ``artifacts/<cell>/``: the wheel, junit.xml, auditwheel.txt, status.json (the
-            job's steps) and result.json (the host's record); rows of the summary table
+result      ``artifacts/<cell>/``: the wheel, junit.xml, auditwheel.txt, and result.json (the
+            job's steps, completed by the host's record); rows of the summary table
 example     the third-party backend every job builds and tests against the wheel, a row
             ``<cell>/example`` of its own
 gpu test    a ``gpu: true`` cell: the wheel of the build cell with the same torch, on a GPU

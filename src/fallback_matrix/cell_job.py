@@ -23,7 +23,8 @@ run in the cell's environment, through ``fallback_matrix.versions``. Steps:
                  source tree, so the installed wheel is what gets tested
 8. example       the third-party backend example built against the installed
                  wheel (pip install --no-build-isolation) and its own tests
-9. artifacts     wheel, junit.xml, auditwheel.txt and status.json; ccache statistics
+9. artifacts     wheel, junit.xml, auditwheel.txt and result.json (the steps, which
+                 the host completes with its own record); ccache statistics
 
 Exit status 0 when every step passed, 1 otherwise; the last lines say which
 step failed and why.
@@ -709,7 +710,7 @@ def execute(job: Job) -> int:
         print(f"\n!!! [{job.cell}] FAILED at step {failed}: {error}", flush=True)
     finally:
         status["seconds"] = round(time.monotonic() - report.started, 1)
-        (layout.artifacts / "status.json").write_text(
+        (layout.artifacts / "result.json").write_text(
             json.dumps(status, indent=2) + "\n", encoding="utf-8"
         )
     if status["result"] == "passed":

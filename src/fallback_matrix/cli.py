@@ -186,7 +186,7 @@ def cmd_reproduce(args: argparse.Namespace, reporter: Reporter) -> int:
     if status != EXIT_OK:
         reporter.say(
             f"artifacts of the run: {_artifacts(args, matrix) / cell.name}/ "
-            "(cell.log, junit.xml, status.json)"
+            "(cell.log, junit.xml, result.json)"
         )
     return status
 

@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .cells import Cell
 from .errors import MatrixError
@@ -39,6 +40,14 @@ def _fresh_dir(path: Path) -> Path:
         shutil.rmtree(path)
     path.mkdir(parents=True)
     return path
+
+
+def _read_record(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def exit_reason(exit_code: int) -> str:
@@ -106,13 +115,15 @@ def run_cell(
                 error = f"cell {cell.name}: {error}"
             log.line(f"error: {error}")
     seconds = round(time.monotonic() - started, 1)
+    job_record = _read_record(artifacts / RESULT_FILE)  # the job's steps, when it ran
     record = {
+        **job_record,
         "cell": cell.name,
         "runner": runner.name,
         "where": where,
         "exit_code": exit_code,
         "seconds": seconds,
-        "error": error,
+        "error": error or job_record.get("error"),
     }
     (artifacts / RESULT_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return CellResult(cell.name, runner.name, exit_code, seconds, artifacts / LOG_FILE, error)

@@ -1,7 +1,7 @@
 """A table of cells x build and test results, from the artifacts of a run.
 
-Reads ``artifacts/<cell>/``: result.json (the host's record), status.json (the
-job's steps) and junit.xml (pytest). The third-party example a cell builds and
+Reads ``artifacts/<cell>/``: result.json (the job's steps and the host's record)
+and junit.xml (pytest). The third-party example a cell builds and
 tests against its wheel (step ``example``, results in ``<cell>/example/``) is a
 row of its own, ``<cell>/example``. The same rows render as a rich table for
 the terminal and as GitHub-flavoured markdown for $GITHUB_STEP_SUMMARY.
@@ -21,7 +21,6 @@ from .junit import JUnitCounts, read_counts
 from .report import format_elapsed
 
 RESULT_FILE = "result.json"
-STATUS_FILE = "status.json"
 JUNIT_FILE = "junit.xml"
 LOG_FILE = "cell.log"
 EXAMPLE_DIR = "example"
@@ -56,9 +55,8 @@ def _build_state(status: dict[str, Any]) -> str:
 
 
 def read_row(cell_dir: Path) -> CellRow:
-    result = _read_json(cell_dir / RESULT_FILE)
-    status = _read_json(cell_dir / STATUS_FILE)
-    passed = result.get("exit_code") == 0 if result else status.get("result") == "passed"
+    result = status = _read_json(cell_dir / RESULT_FILE)
+    passed = result.get("exit_code", 0 if result.get("result") == "passed" else 1) == 0
     return CellRow(
         cell=cell_dir.name,
         runner=str(result.get("runner", "-")),
@@ -71,9 +69,9 @@ def read_row(cell_dir: Path) -> CellRow:
 
 
 def example_row(cell_dir: Path, cell: CellRow) -> CellRow | None:
-    """The row of the example step of a cell whose job ran (status.json), else None."""
-    status = _read_json(cell_dir / STATUS_FILE)
-    if not status:
+    """The row of the example step of a cell whose job ran (it recorded steps), else None."""
+    status = _read_json(cell_dir / RESULT_FILE)
+    if "steps" not in status:
         return None
     step: dict[str, Any] = next(
         (s for s in status.get("steps", []) if s.get("name") == "example"), {}
@@ -93,11 +91,7 @@ def example_row(cell_dir: Path, cell: CellRow) -> CellRow | None:
 def collect_rows(artifacts_root: Path, cells: Sequence[str] | None = None) -> list[CellRow]:
     """Rows for ``cells`` (default: every cell directory under ``artifacts_root``)."""
     if cells is None:
-        cells = sorted(
-            p.name
-            for p in artifacts_root.glob("*")
-            if (p / RESULT_FILE).is_file() or (p / STATUS_FILE).is_file()
-        )
+        cells = sorted(p.name for p in artifacts_root.glob("*") if (p / RESULT_FILE).is_file())
     rows = []
     for cell in cells:
         row = read_row(artifacts_root / cell)

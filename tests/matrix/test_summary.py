@@ -47,10 +47,8 @@ def write_cell(
         (cell / "example" / "junit.xml").write_text(
             JUNIT.format(tests=3, failures=int(example == "failed"), errors=0, skipped=0)
         )
-    (cell / "status.json").write_text(json.dumps({"cell": name, "steps": steps}))
-    (cell / "result.json").write_text(
-        json.dumps({"cell": name, "runner": "docker", "exit_code": exit_code, "seconds": 75.0})
-    )
+    record = {"cell": name, "steps": steps, "runner": "docker", "exit_code": exit_code}
+    (cell / "result.json").write_text(json.dumps({**record, "seconds": 75.0}))
 
 
 @pytest.fixture
