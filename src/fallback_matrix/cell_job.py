@@ -471,7 +471,12 @@ def repair_wheel(
         text=True,
         check=False,
     )
-    report = (show.stdout + show.stderr).strip()
+    report = (
+        f"auditwheel repair, excluding {', '.join(excludes)}: {repaired[0].name}\n"
+        "(auditwheel show cannot see those exclusions: it calls the unbundled torch "
+        "libraries unresolved, hence linux_x86_64; the symbol versions below set the tag)\n"
+        + (show.stdout + show.stderr).strip()
+    )
     print(report, flush=True)
     if show.returncode != 0 or "manylinux" not in repaired[0].name:
         raise StepFailed(f"auditwheel show failed on {repaired[0].name}; see above")
