@@ -8,7 +8,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .cells import Cell
 from .errors import MatrixError
@@ -17,7 +16,7 @@ from .project import dependency_groups
 from .report import Reporter
 from .runners.base import CellWork, Runner
 from .sources import source_files
-from .summary import LOG_FILE, RESULT_FILE
+from .summary import LOG_FILE, RESULT_FILE, read_json
 from .wheelhouse import WheelhouseRequest, ensure_wheelhouse
 
 
@@ -40,14 +39,6 @@ def _fresh_dir(path: Path) -> Path:
         shutil.rmtree(path)
     path.mkdir(parents=True)
     return path
-
-
-def _read_record(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def exit_reason(exit_code: int) -> str:
@@ -115,7 +106,7 @@ def run_cell(
                 error = f"cell {cell.name}: {error}"
             log.line(f"error: {error}")
     seconds = round(time.monotonic() - started, 1)
-    job_record = _read_record(artifacts / RESULT_FILE)  # the job's steps, when it ran
+    job_record = read_json(artifacts / RESULT_FILE)  # the job's steps, when it ran
     record = {
         **job_record,
         "cell": cell.name,

@@ -37,7 +37,7 @@ class CellRow:
     log: str
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -55,7 +55,7 @@ def _build_state(status: dict[str, Any]) -> str:
 
 
 def read_row(cell_dir: Path) -> CellRow:
-    result = status = _read_json(cell_dir / RESULT_FILE)
+    result = status = read_json(cell_dir / RESULT_FILE)
     passed = result.get("exit_code", 0 if result.get("result") == "passed" else 1) == 0
     return CellRow(
         cell=cell_dir.name,
@@ -70,7 +70,7 @@ def read_row(cell_dir: Path) -> CellRow:
 
 def example_row(cell_dir: Path, cell: CellRow) -> CellRow | None:
     """The row of the example step of a cell whose job ran (it recorded steps), else None."""
-    status = _read_json(cell_dir / RESULT_FILE)
+    status = read_json(cell_dir / RESULT_FILE)
     if "steps" not in status:
         return None
     step: dict[str, Any] = next(
