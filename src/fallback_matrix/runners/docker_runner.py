@@ -298,7 +298,7 @@ def execute(client: DockerClient, plan: ContainerPlan, log: Reporter, artifacts:
 
 
 class DockerRunner:
-    """cell_job.py inside the cell's build image."""
+    """The job (python -m fallback_matrix.cell_job) inside the cell's build image."""
 
     name: RunnerName = "docker"
 

@@ -48,7 +48,7 @@ def find_python(
 
 
 class LocalRunner:
-    """cell_job.py with a host Python; its venvs, build dir and ccache under <cache>/local/."""
+    """The job with a host Python; its venvs, build dir and ccache under <cache>/local/."""
 
     name: RunnerName = "local"
 
