@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fallback_matrix.report import Reporter
+from fallback_matrix.report import Reporter, without_pip_config
 from fallback_matrix.report import run as run_streaming
 
 STEPS = (
@@ -195,9 +195,8 @@ def must_run(
 
 def hermetic_env(layout: Layout) -> dict[str, str]:
     """The process environment without any pip configuration of the machine."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("PIP_")}
+    env = without_pip_config(os.environ)
     env.update(
-        PIP_CONFIG_FILE=os.devnull,
         PIP_DISABLE_PIP_VERSION_CHECK="1",
         PIP_NO_INPUT="1",
         PIP_CACHE_DIR=str(layout.cache / "pip"),

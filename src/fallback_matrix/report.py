@@ -6,6 +6,7 @@ prints its tables with rich (``Reporter.table``, imported only when called).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -92,6 +93,17 @@ class Reporter:
             raise
         record.update(status="ok", seconds=round(time.monotonic() - began, 1))
         self.line(f"<== [{self.cell}] {name}: ok in {time.monotonic() - began:.1f}s")
+
+
+def without_pip_config(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` with no pip configuration: no PIP_* variable, no config file read.
+
+    (``pip --isolated`` would still read the site-wide files: a find-links folder,
+    a constraint file.)
+    """
+    env = {key: value for key, value in environ.items() if not key.startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    return env
 
 
 def run(

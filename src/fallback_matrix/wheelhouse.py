@@ -35,7 +35,7 @@ from .cells import Cell
 from .errors import WheelhouseError
 from .index_probe import ProbeResult, probe_index
 from .project import group_args
-from .report import Reporter
+from .report import Reporter, without_pip_config
 from .report import run as run_streaming
 from .versions import torch_matches
 
@@ -159,16 +159,10 @@ def pip_cert(environ: Mapping[str, str]) -> str | None:
 
 
 def hermetic_pip(environ: Mapping[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
-    """pip options and environment that ignore every pip configuration but the CA bundle.
-
-    ``pip --isolated`` still reads the site-wide config files (a find-links folder,
-    a constraint file); PIP_CONFIG_FILE=/dev/null reads none.
-    """
+    """pip options and environment that ignore every pip configuration but the CA bundle."""
     environ = os.environ if environ is None else environ
     cert = pip_cert(environ)
-    env = {key: value for key, value in environ.items() if not key.startswith("PIP_")}
-    env["PIP_CONFIG_FILE"] = os.devnull
-    return (["--cert", cert] if cert else []), env
+    return (["--cert", cert] if cert else []), without_pip_config(environ)
 
 
 def download_python(version: str, cache_root: Path, log: Reporter) -> str:
