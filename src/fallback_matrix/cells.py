@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from .cell_job import describe_build
 from .errors import MatrixError, UnknownCellError
 from .model import ImageSpec, MatrixFile, SelectionName, TestSelection, VariantName
 
@@ -33,6 +34,7 @@ class Cell:
     torch: str
     cuda: str | None
     gpu: bool
+    pypi: bool
     index: IndexUrl
     image: ImageSpec
     tests: TestSelection
@@ -47,9 +49,7 @@ class Cell:
     @property
     def wanted_build(self) -> str:
         """The torch build this cell must end up with, in words."""
-        if self.cuda is None:
-            return "a CPU-only build (torch.version.cuda is None)"
-        return f"a CUDA {self.cuda} build (torch.version.cuda starts with {self.cuda}.)"
+        return describe_build(self.cuda)
 
 
 def parse_index_override(text: str) -> tuple[VariantName, str]:
@@ -67,7 +67,7 @@ def _resolve_index(
     spec: MatrixFile,
     variant: VariantName,
     environ: Mapping[str, str],
-    overrides: Mapping[str, str],
+    overrides: Mapping[VariantName, str],
 ) -> IndexUrl:
     settings = spec.variants[variant]
     if variant in overrides:
@@ -82,7 +82,7 @@ def expand_cells(
     spec: MatrixFile,
     *,
     environ: Mapping[str, str] | None = None,
-    index_overrides: Mapping[str, str] | None = None,
+    index_overrides: Mapping[VariantName, str] | None = None,
     selection: SelectionName | None = None,
 ) -> tuple[Cell, ...]:
     """All cells of ``spec`` (or those in ``selection``: "pr" or "main"), defaults applied."""
@@ -117,6 +117,7 @@ def expand_cells(
                 torch=cell.torch,
                 cuda=cell.cuda,
                 gpu=cell.gpu,
+                pypi=cell.pypi,
                 index=_resolve_index(spec, cell.variant, environ, overrides),
                 image=image,
                 tests=tests,

@@ -22,11 +22,11 @@ from types import FrameType
 from rich.table import Table
 
 from .cells import Cell, expand_cells, parse_index_override, pick_cells
-from .console import Reporter
 from .errors import MatrixError
 from .loader import LoadedMatrix, find_matrix_file, load_matrix
 from .paths import artifacts_root, cache_root
 from .pipeline import CellResult, run_cells
+from .report import Reporter
 from .runners.choose import decide_runner, make_runner
 from .summary import (
     JUNIT_FILE,
@@ -70,12 +70,12 @@ def _artifacts(args: argparse.Namespace, matrix: LoadedMatrix) -> Path:
 def _publish(reporter: Reporter, artifacts: Path, names: Sequence[str], title: str) -> None:
     """The summary table on the terminal, in $GITHUB_STEP_SUMMARY when set, and a closing line."""
     rows = collect_rows(artifacts, names)
-    reporter.console.print(render_table(rows, title=title))
+    reporter.table(render_table(rows, title=title))
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
         with open(step_summary, "a", encoding="utf-8") as handle:
             handle.write(render_markdown(rows, title=title))
-    reporter.console.print(closing_line(rows, label=title), markup=False, highlight=False)
+    reporter.line(closing_line(rows, label=title))
 
 
 def _report_failures(reporter: Reporter, results: Sequence[CellResult]) -> int:
@@ -93,7 +93,7 @@ def _execute(
     runner_choice: str,
 ) -> list[CellResult]:
     decision = decide_runner(runner_choice)  # type: ignore[arg-type]
-    reporter.note(f"runner {decision.name} ({decision.reason})")
+    reporter.say(f"runner {decision.name} ({decision.reason})")
     return run_cells(
         matrix,
         cells,
@@ -162,9 +162,9 @@ def cmd_list(args: argparse.Namespace, reporter: Reporter) -> int:
             ", ".join(c.selections),
             f"{' '.join(c.tests.paths)} -m '{c.tests.markers}'",
         )
-    reporter.console.print(table)
+    reporter.table(table)
     for variant, index in sorted({(c.variant, c.index) for c in cells}):
-        reporter.console.print(f"index {variant}: {index.url}  ({index.source})", markup=False)
+        reporter.line(f"index {variant}: {index.url}  ({index.source})")
     return EXIT_OK
 
 
@@ -184,9 +184,9 @@ def cmd_reproduce(args: argparse.Namespace, reporter: Reporter) -> int:
     _publish(reporter, _artifacts(args, matrix), [cell.name], title="matrix")
     status = _report_failures(reporter, results)
     if status != EXIT_OK:
-        reporter.note(
+        reporter.say(
             f"artifacts of the run: {_artifacts(args, matrix) / cell.name}/ "
-            "(cell.log, junit.xml, status.json)"
+            "(cell.log, junit.xml, result.json)"
         )
     return status
 
@@ -199,15 +199,15 @@ def cmd_summary(args: argparse.Namespace, reporter: Reporter) -> int:
             f"no cell results under {root}; run cells first (python -m fallback_matrix run CELL)"
         )
         return EXIT_USAGE
-    reporter.console.print(render_table(rows))
+    reporter.table(render_table(rows))
     markdown_target = args.markdown or os.environ.get("GITHUB_STEP_SUMMARY")
     if markdown_target == "-":
         print(render_markdown(rows))
     elif markdown_target:
         with open(markdown_target, "a", encoding="utf-8") as handle:
             handle.write(render_markdown(rows))
-        reporter.note(f"markdown summary appended to {markdown_target}")
-    reporter.console.print(closing_line(rows), markup=False, highlight=False)
+        reporter.say(f"markdown summary appended to {markdown_target}")
+    reporter.line(closing_line(rows))
     return EXIT_OK if all(row.result == "passed" for row in rows) else EXIT_FAILED
 
 
@@ -270,7 +270,7 @@ def cmd_test_wheel(args: argparse.Namespace, reporter: Reporter) -> int:
     wheel = stage_wheel(matrix.root, find_wheel(Path(args.wheel)), cell.name)
     reporter.rule(f"testing {wheel.name} in cell {args.cell} (results: {cell.name})")
     decision = decide_runner(args.runner)
-    reporter.note(f"runner {decision.name} ({decision.reason})")
+    reporter.say(f"runner {decision.name} ({decision.reason})")
     result = run_cell(
         matrix,
         cell,
@@ -285,6 +285,69 @@ def cmd_test_wheel(args: argparse.Namespace, reporter: Reporter) -> int:
     return _report_failures(reporter, [result])
 
 
+def cmd_tooling_tests(args: argparse.Namespace, reporter: Reporter) -> int:
+    matrix = _matrix(args)
+    artifacts = _artifacts(args, matrix)
+    passed = run_tooling_tests(matrix, artifacts, reporter)
+    _publish(reporter, artifacts, [TOOLING_ROW], title="tooling")
+    return EXIT_OK if passed else EXIT_FAILED
+
+
+def cmd_dist(args: argparse.Namespace, reporter: Reporter) -> int:
+    from .release import collect_dist
+
+    matrix = _matrix(args)
+    cells = pick_cells(_cells(args, matrix), args.cells)
+    tag = args.tag or os.environ.get("GITHUB_REF_NAME") or None
+    if tag and not tag.startswith("v"):
+        tag = None  # not a version tag (a branch): the version is not checked against it
+    out = Path(args.out).resolve()
+    for wheel in collect_dist(_artifacts(args, matrix), cells, out, tag):
+        reporter.say(f"{wheel.name} -> {out}")
+    return EXIT_OK
+
+
+def cmd_publish_local(args: argparse.Namespace, reporter: Reporter) -> int:
+    """twine upload to a local pypiserver, then a fresh container installs from it."""
+    from .pipeline import run_cell
+    from .release import LocalIndex, cell_wheel
+    from .wheel_tests import renamed
+
+    matrix = _matrix(args)
+    artifacts = _artifacts(args, matrix)
+    (cell,) = pick_cells(_cells(args, matrix), [args.cell])
+    wheels = sorted({w.name: w for w in artifacts.glob("*/torch_fallback-*.whl")}.values())
+    if not wheels:
+        reporter.error(f"no wheels under {artifacts}; build cells first (nox -s build-cpu)")
+        return EXIT_USAGE
+    wanted = cell_wheel(artifacts, cell.name)
+    version = wanted.name.split("-")[1]
+    target = renamed(cell, f"{cell.name}-from-index")
+    log_dir = artifacts / "publish-local"
+    packages = cache_root(matrix.root) / "local-index"
+    for stale in (log_dir, packages):
+        shutil.rmtree(stale, ignore_errors=True)
+    with (
+        reporter.for_cell("publish", log_dir / "publish.log") as log,
+        LocalIndex(Path(args.tools), packages, log) as index,
+    ):
+        index.upload(wheels)
+        decision = decide_runner("docker")
+        result = run_cell(
+            matrix,
+            target,
+            make_runner(decision),
+            cache_root=cache_root(matrix.root),
+            artifacts_root=artifacts,
+            gpus=False,
+            reporter=reporter,
+            index_url=f"{index.url}/simple/",
+            requirement=f"torch-fallback=={version}",
+        )
+    _publish(reporter, artifacts, [target.name], title="installed from the local index")
+    return _report_failures(reporter, [result])
+
+
 def cmd_workflows(args: argparse.Namespace, reporter: Reporter) -> int:
     from .workflows import check_workflows, plan_workflows, write_workflows
 
@@ -295,42 +358,51 @@ def cmd_workflows(args: argparse.Namespace, reporter: Reporter) -> int:
         if drift:
             reporter.error(drift.describe())
             return EXIT_FAILED
-        reporter.note(f"{len(planned)} generated file(s) up to date with matrix.yaml")
+        reporter.say(f"{len(planned)} generated file(s) up to date with matrix.yaml")
         return EXIT_OK
     changed = write_workflows(matrix.root, planned)
     for path in changed:
-        reporter.note(f"wrote {path.relative_to(matrix.root)}")
+        reporter.say(f"wrote {path.relative_to(matrix.root)}")
     if not changed:
-        reporter.note("generated files already up to date with matrix.yaml")
+        reporter.say("generated files already up to date with matrix.yaml")
     return EXIT_OK
 
 
 def cmd_clean(args: argparse.Namespace, reporter: Reporter) -> int:
-    from .runners.docker_runner import CACHE_VOLUME, LABEL, leftover_containers
+    from .runners.docker_runner import (
+        CACHE_VOLUME,
+        DOCKER_CACHE_ENV,
+        LABEL,
+        leftover_containers,
+    )
     from .runners.engine import engine_status
 
     matrix = _matrix(args)
     cache = cache_root(matrix.root)
     for partial in sorted(cache.glob("wheelhouse/.*.partial")):
         shutil.rmtree(partial, ignore_errors=True)
-        reporter.note(f"removed interrupted wheelhouse fill {partial}")
+        reporter.say(f"removed interrupted wheelhouse fill {partial}")
     if engine_status().available:
         from .runners.engine import connect_docker
 
         client = connect_docker()
         for container in leftover_containers(client):
             container.remove(force=True)
-            reporter.note(f"removed leftover container {container.name}")
+            reporter.say(f"removed leftover container {container.name}")
         if args.caches:
+            run_dir = os.environ.get(DOCKER_CACHE_ENV, "")
+            if run_dir[:1] == "/" and Path(run_dir).exists():
+                shutil.rmtree(run_dir, ignore_errors=True)
+                reporter.say(f"removed {run_dir} (${DOCKER_CACHE_ENV})")
             for volume in client.volumes.list(filters={"name": CACHE_VOLUME}):
                 volume.remove(force=True)
-                reporter.note(f"removed volume {volume.name}")
+                reporter.say(f"removed volume {volume.name}")
             for image in client.images.list(filters={"label": f"{LABEL}=image"}):
-                client.images.remove(image.id, force=True)
-                reporter.note(f"removed image {', '.join(image.tags) or image.short_id}")
+                client.images.remove(str(image.id), force=True)
+                reporter.say(f"removed image {', '.join(image.tags) or image.short_id}")
     if args.caches and cache.exists():
         shutil.rmtree(cache)
-        reporter.note(f"removed {cache}")
+        reporter.say(f"removed {cache}")
     return EXIT_OK
 
 
@@ -424,6 +496,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_run_options(test_wheel, default_runner="docker")
     test_wheel.set_defaults(handler=cmd_test_wheel)
+
+    tooling = commands.add_parser("tooling-tests", help="the tooling's own tests (tests/matrix)")
+    tooling.add_argument("--artifacts", metavar="DIR", help="artifacts root")
+    tooling.set_defaults(handler=cmd_tooling_tests)
+
+    dist = commands.add_parser("dist", help="collect and check the PyPI cells' wheels into dist/")
+    dist.add_argument("cells", nargs="+", metavar="CELL")
+    dist.add_argument("--out", default="dist", metavar="DIR", help="where to (default dist/)")
+    dist.add_argument(
+        "--tag", help="the version tag, e.g. v0.1.0 (default $GITHUB_REF_NAME when it is one)"
+    )
+    dist.add_argument("--artifacts", metavar="DIR", help="artifacts root")
+    dist.set_defaults(handler=cmd_dist)
+
+    publish = commands.add_parser(
+        "publish-local",
+        help="twine upload every built wheel to a local pypiserver, then install one cell's "
+        "torch-fallback from it in a fresh container and run the cell's tests",
+    )
+    publish.add_argument("--cell", default="cpu", help="the cell to install into (default cpu)")
+    publish.add_argument(
+        "--tools", required=True, metavar="DIR", help="directory holding pypi-server and twine"
+    )
+    publish.add_argument("--artifacts", metavar="DIR", help="artifacts root")
+    _add_index_option(publish)
+    publish.set_defaults(handler=cmd_publish_local, gpus=False)
 
     workflows = commands.add_parser("workflows", help="generate .github/workflows from matrix.yaml")
     workflows.add_argument(

@@ -64,12 +64,3 @@ class WheelhouseError(MatrixError):
 
 class ImageBuildError(MatrixError):
     """The build image of a cell could not be built."""
-
-
-class CellFailedError(MatrixError):
-    """A cell ran and failed (install, build or tests)."""
-
-    def __init__(self, cell: str, reason: str, log: Path | None) -> None:
-        self.cell = cell
-        where = f"; log: {log}" if log is not None else ""
-        super().__init__(f"cell {cell} failed: {reason}{where}")

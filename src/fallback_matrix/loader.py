@@ -214,6 +214,7 @@ def _reference_problems(spec: MatrixFile, document: YamlDocument) -> Iterator[Pr
             f"expected one of {runners} (keys of `runners`)",
         )
     first_index: dict[str, int] = {}
+    pypi_pythons: dict[str, str] = {}
     for index, cell in enumerate(spec.cells):
         here: KeyPath = ("cells", index)
         if cell.name in first_index:
@@ -245,6 +246,21 @@ def _reference_problems(spec: MatrixFile, document: YamlDocument) -> Iterator[Pr
             yield problem(
                 (*here, "gpu"), "gpu: true needs variant cuda; a CPU-only torch cannot use a GPU"
             )
+        if cell.pypi and cell.gpu:
+            yield problem(
+                (*here, "pypi"),
+                "pypi: true marks a cell that builds the wheel PyPI gets; a gpu cell only tests "
+                "another cell's wheel: set it on that build cell",
+            )
+        python = cell.python or spec.defaults.python
+        if cell.pypi and python in pypi_pythons:
+            yield problem(
+                (*here, "pypi"),
+                f"a second pypi: true cell for Python {python} (first: "
+                f"{pypi_pythons[python]}); PyPI takes one wheel per Python and platform",
+            )
+        elif cell.pypi:
+            pypi_pythons[python] = cell.name
         if cell.runner is not None and cell.runner not in spec.runners:
             yield problem(
                 (*here, "runner"),

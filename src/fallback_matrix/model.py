@@ -118,6 +118,11 @@ class CellSpec(_Strict):
         default=False,
         description="true when the cell's tests need a visible GPU (they fail without one)",
     )
+    pypi: bool = Field(
+        default=False,
+        description="true for the cell whose wheels a release publishes to PyPI: built "
+        "without the local version label (PyPI rejects +labels)",
+    )
     runner: str | None = Field(default=None, description="a key of `runners`")
     selections: list[SelectionName] | None = Field(
         default=None, min_length=1, description="pr, main or both"

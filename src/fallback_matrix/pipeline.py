@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .cells import Cell
-from .console import CellLog, Reporter
 from .errors import MatrixError
 from .loader import LoadedMatrix
 from .project import dependency_groups
+from .report import Reporter
 from .runners.base import CellWork, Runner
 from .sources import source_files
-from .summary import LOG_FILE, RESULT_FILE
+from .summary import LOG_FILE, RESULT_FILE, read_json
 from .wheelhouse import WheelhouseRequest, ensure_wheelhouse
 
 
@@ -60,26 +60,29 @@ def run_cell(
     gpus: bool,
     reporter: Reporter,
     prebuilt_wheel: Path | None = None,
+    index_url: str | None = None,
+    requirement: str | None = None,
 ) -> CellResult:
     """Run one cell; failures end up in the result (and its log), never as an exception."""
     artifacts = _fresh_dir(artifacts_root / cell.name)
     started = time.monotonic()
     error: str | None = None
     exit_code = 1
-    where = runner.name
-    with CellLog(reporter, cell.name, artifacts / LOG_FILE) as log:
-        log.step(
+    where: str = runner.name
+    with reporter.for_cell(cell.name, artifacts / LOG_FILE) as log:
+        log.say(
             f"torch=={cell.torch} ({cell.variant}), Python {cell.python}, "
             f"tests {' '.join(cell.tests.paths)} "
             f"-m {cell.tests.markers!r}, index {cell.index.url} ({cell.index.source})"
         )
         try:
-            requirements = dependency_groups(matrix.root / "pyproject.toml")
-            request = WheelhouseRequest.for_cell(cell, requirements)
-            wheelhouse = ensure_wheelhouse(request, cell.index.url, cache_root, log)
+            pyproject = matrix.root / "pyproject.toml"
+            request = WheelhouseRequest.for_cell(cell, dependency_groups(pyproject), pyproject)
+            wheelhouse = ensure_wheelhouse(
+                request, cell.index.url, cache_root, log, variant=cell.variant
+            )
             work = CellWork(
                 cell=cell,
-                requirements=requirements,
                 sources=source_files(matrix.root),
                 repo=matrix.root,
                 wheelhouse=wheelhouse,
@@ -87,6 +90,8 @@ def run_cell(
                 cache_root=cache_root,
                 gpus=gpus,
                 prebuilt_wheel=prebuilt_wheel,
+                index_url=index_url,
+                requirement=requirement,
             )
             outcome = runner.run(work, log)
             exit_code, where = outcome.exit_code, outcome.where
@@ -101,13 +106,15 @@ def run_cell(
                 error = f"cell {cell.name}: {error}"
             log.line(f"error: {error}")
     seconds = round(time.monotonic() - started, 1)
+    job_record = read_json(artifacts / RESULT_FILE)  # the job's steps, when it ran
     record = {
+        **job_record,
         "cell": cell.name,
         "runner": runner.name,
         "where": where,
         "exit_code": exit_code,
         "seconds": seconds,
-        "error": error,
+        "error": error or job_record.get("error"),
     }
     (artifacts / RESULT_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return CellResult(cell.name, runner.name, exit_code, seconds, artifacts / LOG_FILE, error)
@@ -136,6 +143,6 @@ def run_cells(
             reporter=reporter,
         )
         state = "passed" if result.passed else "FAILED"
-        reporter.step(cell.name, f"{state} in {result.seconds:.0f}s (log {result.log})")
+        reporter.say(f"{cell.name} {state} in {result.seconds:.0f}s (log {result.log})")
         results.append(result)
     return results

@@ -1,7 +1,9 @@
 """A table of cells x build and test results, from the artifacts of a run.
 
-Reads ``artifacts/<cell>/``: result.json (the host's record), status.json (the
-job's steps) and junit.xml (pytest). The same rows render as a rich table for
+Reads ``artifacts/<cell>/``: result.json (the job's steps and the host's record)
+and junit.xml (pytest). The third-party example a cell builds and
+tests against its wheel (step ``example``, results in ``<cell>/example/``) is a
+row of its own, ``<cell>/example``. The same rows render as a rich table for
 the terminal and as GitHub-flavoured markdown for $GITHUB_STEP_SUMMARY.
 """
 
@@ -15,13 +17,13 @@ from typing import Any
 
 from rich.table import Table
 
-from .console import format_elapsed
 from .junit import JUnitCounts, read_counts
+from .report import format_elapsed
 
 RESULT_FILE = "result.json"
-STATUS_FILE = "status.json"
 JUNIT_FILE = "junit.xml"
 LOG_FILE = "cell.log"
+EXAMPLE_DIR = "example"
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,7 @@ class CellRow:
     log: str
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -53,9 +55,8 @@ def _build_state(status: dict[str, Any]) -> str:
 
 
 def read_row(cell_dir: Path) -> CellRow:
-    result = _read_json(cell_dir / RESULT_FILE)
-    status = _read_json(cell_dir / STATUS_FILE)
-    passed = result.get("exit_code") == 0 if result else status.get("result") == "passed"
+    result = status = read_json(cell_dir / RESULT_FILE)
+    passed = result.get("exit_code", 0 if result.get("result") == "passed" else 1) == 0
     return CellRow(
         cell=cell_dir.name,
         runner=str(result.get("runner", "-")),
@@ -67,15 +68,38 @@ def read_row(cell_dir: Path) -> CellRow:
     )
 
 
+def example_row(cell_dir: Path, cell: CellRow) -> CellRow | None:
+    """The row of the example step of a cell whose job ran (it recorded steps), else None."""
+    status = read_json(cell_dir / RESULT_FILE)
+    if "steps" not in status:
+        return None
+    step: dict[str, Any] = next(
+        (s for s in status.get("steps", []) if s.get("name") == "example"), {}
+    )
+    state = {"ok": "ok", "failed": "failed"}.get(str(step.get("status")), "not reached")
+    return CellRow(
+        cell=f"{cell.cell}/{EXAMPLE_DIR}",
+        runner=cell.runner,
+        build=state,
+        tests=read_counts(cell_dir / EXAMPLE_DIR / JUNIT_FILE),
+        result="passed" if state == "ok" else "FAILED",
+        seconds=step.get("seconds"),
+        log=cell.log,
+    )
+
+
 def collect_rows(artifacts_root: Path, cells: Sequence[str] | None = None) -> list[CellRow]:
     """Rows for ``cells`` (default: every cell directory under ``artifacts_root``)."""
     if cells is None:
-        cells = sorted(
-            p.name
-            for p in artifacts_root.glob("*")
-            if (p / RESULT_FILE).is_file() or (p / STATUS_FILE).is_file()
-        )
-    return [read_row(artifacts_root / cell) for cell in cells]
+        cells = sorted(p.name for p in artifacts_root.glob("*") if (p / RESULT_FILE).is_file())
+    rows = []
+    for cell in cells:
+        row = read_row(artifacts_root / cell)
+        rows.append(row)
+        example = example_row(artifacts_root / cell, row)
+        if example is not None:
+            rows.append(example)
+    return rows
 
 
 def total_counts(rows: Sequence[CellRow]) -> JUnitCounts:
@@ -96,9 +120,9 @@ def _cells(row: CellRow) -> list[str]:
         row.cell,
         row.runner,
         row.build,
-        _count(tests and tests.passed),
-        _count(tests and tests.failed + tests.errors),
-        _count(tests and tests.skipped),
+        _count(None if tests is None else tests.passed),
+        _count(None if tests is None else tests.failed + tests.errors),
+        _count(None if tests is None else tests.skipped),
         format_elapsed(row.seconds) if row.seconds is not None else "-",
         row.result,
     ]

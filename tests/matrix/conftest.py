@@ -1,14 +1,11 @@
 """Fixtures of the tooling tests: no Docker daemon, no torch needed (except where marked docker).
 
-fallback_matrix is imported from src/ by file location, so putting src/ on
-sys.path (which would also expose the uninstalled torch_fallback) is avoided.
+fallback_matrix is installed (nox installs it editable from src/fallback_matrix).
 """
 
 from __future__ import annotations
 
 import copy
-import importlib.util
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,24 +14,6 @@ import pytest
 import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def _import_fallback_matrix() -> None:
-    if "fallback_matrix" in sys.modules:
-        return
-    package_dir = REPO_ROOT / "src" / "fallback_matrix"
-    spec = importlib.util.spec_from_file_location(
-        "fallback_matrix",
-        package_dir / "__init__.py",
-        submodule_search_locations=[str(package_dir)],
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fallback_matrix"] = module
-    spec.loader.exec_module(module)
-
-
-_import_fallback_matrix()
 
 VALID_MATRIX: dict[str, Any] = {
     "version": 1,
@@ -59,7 +38,14 @@ VALID_MATRIX: dict[str, Any] = {
     "project_tests": {"cell": "cpu", "tooling_paths": ["tests/matrix"]},
     "cells": [
         {"name": "cpu", "variant": "cpu", "python": "3.11", "torch": "2.13.0+cpu"},
-        {"name": "cuda", "variant": "cuda", "python": "3.11", "torch": "2.14.1", "cuda": "13"},
+        {
+            "name": "cuda",
+            "variant": "cuda",
+            "python": "3.11",
+            "torch": "2.14.1",
+            "cuda": "13",
+            "pypi": True,
+        },
         {
             "name": "cuda-gpu",
             "variant": "cuda",
@@ -100,19 +86,15 @@ def repo_root() -> Path:
 
 @pytest.fixture
 def reporter() -> Any:
-    """A Reporter printing into a buffer: reporter.console.file.getvalue() is what a user saw."""
+    """A Reporter printing into a buffer: reporter.stream.getvalue() is what a user saw."""
     import io
 
-    from rich.console import Console
+    from fallback_matrix.report import Reporter
 
-    from fallback_matrix.console import Reporter
-
-    return Reporter(Console(file=io.StringIO(), width=200, highlight=False, soft_wrap=True))
+    return Reporter(io.StringIO())
 
 
 @pytest.fixture
 def cell_log(reporter: Any, tmp_path: Path) -> Any:
-    from fallback_matrix.console import CellLog
-
-    with CellLog(reporter, "cpu", tmp_path / "artifacts" / "cpu" / "cell.log") as log:
+    with reporter.for_cell("cpu", tmp_path / "artifacts" / "cpu" / "cell.log") as log:
         yield log

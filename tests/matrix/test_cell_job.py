@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from fallback_matrix import cell_job
+from fallback_matrix import cell_job, report
 from fallback_matrix.cell_job import (
     Job,
     Layout,
@@ -23,14 +23,14 @@ from fallback_matrix.cell_job import (
     locked,
     run_tests,
     sync_sources,
-    torch_matches,
 )
+from fallback_matrix.versions import cuda_matches, torch_matches, torch_pins
 
 JOB = Job(
     cell="cpu",
     torch_requirement="torch==2.13.0+cpu",
     expected_cuda=None,
-    requirements=["pytest>=8"],
+    groups=["build", "test"],
     test_paths=["tests"],
     test_markers="not requires_cuda",
     allow_empty=False,
@@ -44,16 +44,20 @@ JOB = Job(
 )
 
 
-def test_cell_job_imports_only_the_standard_library() -> None:
-    tree = ast.parse(Path(cell_job.__file__).read_text())
+@pytest.mark.parametrize("module", [cell_job, report])
+def test_what_a_cell_runs_first_needs_only_the_standard_library(module: Any) -> None:
+    """The job starts on an image's bare Python: it and the reporter it shares with the
+    host import nothing else (versions.py runs later, in the cell's environment)."""
+    tree = ast.parse(Path(module.__file__).read_text())
     imported = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            imported |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0, "cell_job.py runs as a plain file: no relative imports"
-            imported.add((node.module or "").split(".")[0])
-    assert imported - set(sys.stdlib_module_names) - {"__future__"} == set()
+            imported |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.col_offset == 0:
+            assert node.level == 0, "the job runs as python -m: absolute imports"
+            imported.add(node.module or "")
+    third_party = {name for name in imported if name.split(".")[0] not in sys.stdlib_module_names}
+    assert third_party - {"__future__", "fallback_matrix.report"} == set()
 
 
 def test_job_round_trips_through_json() -> None:
@@ -98,7 +102,9 @@ def test_job_file_with_wrong_keys_is_refused() -> None:
 def test_torch_variant_check(
     job_changes: dict[str, Any], version: str, cuda: str | None, ok: bool
 ) -> None:
-    assert torch_matches(dataclasses.replace(JOB, **job_changes), version, cuda) is ok
+    job = dataclasses.replace(JOB, **job_changes)
+    matches = torch_matches(job.torch_version, version) and cuda_matches(job.expected_cuda, cuda)
+    assert matches is ok
 
 
 def layout_for(tmp_path: Path, sources: list[str]) -> Layout:
@@ -121,7 +127,7 @@ def test_sources_are_copied_kept_and_removed(tmp_path: Path) -> None:
     (repo / "src" / "a.cpp").write_text("int a;")
     (repo / "src" / "gone.cpp").write_text("int g;")
     layout = layout_for(tmp_path, ["setup.py", "src/a.cpp", "src/gone.cpp"])
-    sync_sources(layout, Reporter("cpu"))
+    sync_sources(layout, Reporter(cell="cpu"))
     build = layout.build_dir
     assert build == tmp_path / "cache" / "build" / "cpu"
     assert (build / "src" / "a.cpp").read_text() == "int a;"
@@ -136,7 +142,7 @@ def test_sources_are_copied_kept_and_removed(tmp_path: Path) -> None:
     (build / "generated.json").write_text("{}")
     (repo / "src" / "gone.cpp").unlink()
     shrunk = Layout(dataclasses.replace(layout.job, sources=["setup.py", "src/a.cpp"]))
-    sync_sources(shrunk, Reporter("cpu"))
+    sync_sources(shrunk, Reporter(cell="cpu"))
     assert not (build / "src" / "gone.cpp").exists()  # removed from the repository
     assert (build / "build" / "temp.linux" / "a.o").exists()  # ninja's objects stay
     assert not (build / "build" / "lib.linux").exists()  # setuptools staging never goes stale
@@ -150,8 +156,8 @@ def test_unchanged_sources_are_not_rewritten(
     repo.mkdir()
     (repo / "a.cpp").write_text("int a;")
     layout = layout_for(tmp_path, ["a.cpp"])
-    sync_sources(layout, Reporter("cpu"))
-    sync_sources(layout, Reporter("cpu"))
+    sync_sources(layout, Reporter(cell="cpu"))
+    sync_sources(layout, Reporter(cell="cpu"))
     assert "0 file(s) copied, 1 unchanged" in capsys.readouterr().out
 
 
@@ -164,19 +170,19 @@ def test_no_tests_collected_passes_only_when_allowed(
     layout = Layout(dataclasses.replace(layout.job, allow_empty=allow_empty))
     monkeypatch.setattr(cell_job, "run", lambda *args, **kwargs: cell_job.PYTEST_NO_TESTS)
     if passes:
-        run_tests(layout, {}, Reporter("cpu"))
+        run_tests(layout, {}, Reporter(cell="cpu"))
     else:
         with pytest.raises(
             StepFailed, match=r"no test selected by -m 'not requires_cuda'.*allow_empty"
         ):
-            run_tests(layout, {}, Reporter("cpu"))
+            run_tests(layout, {}, Reporter(cell="cpu"))
 
 
 def test_failing_tests_fail_the_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "repo" / "tests").mkdir(parents=True)
     monkeypatch.setattr(cell_job, "run", lambda *args, **kwargs: 1)
     with pytest.raises(StepFailed, match="pytest failed"):
-        run_tests(layout_for(tmp_path, []), {}, Reporter("cpu"))
+        run_tests(layout_for(tmp_path, []), {}, Reporter(cell="cpu"))
 
 
 def test_gpu_cells_make_a_missing_gpu_fail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -184,7 +190,9 @@ def test_gpu_cells_make_a_missing_gpu_fail(tmp_path: Path, monkeypatch: pytest.M
     seen: dict[str, str] = {}
     monkeypatch.setattr(cell_job, "run", lambda command, env, cwd=None: seen.update(env) or 0)
     layout = layout_for(tmp_path, [])
-    run_tests(Layout(dataclasses.replace(layout.job, require_gpu=True)), {}, Reporter("cuda-gpu"))
+    run_tests(
+        Layout(dataclasses.replace(layout.job, require_gpu=True)), {}, Reporter(cell="cuda-gpu")
+    )
     assert seen["TORCH_FALLBACK_REQUIRE_GPU"] == "1"
 
 
@@ -195,7 +203,7 @@ def test_tests_run_outside_the_source_tree(tmp_path: Path, monkeypatch: pytest.M
         cell_job, "run", lambda command, env, cwd=None: calls.append((list(command), cwd)) or 0
     )
     layout = layout_for(tmp_path, [])
-    run_tests(layout, {}, Reporter("cpu"))
+    run_tests(layout, {}, Reporter(cell="cpu"))
     command, cwd = calls[0]
     assert cwd == layout.test_cwd and not str(cwd).startswith(str(layout.repo))
     assert "-p" in command and "no:cacheprovider" in command
@@ -213,7 +221,7 @@ def test_a_second_run_waits_for_the_lock(
         fcntl.flock(holder, fcntl.LOCK_EX)
 
         def second_run() -> None:
-            with locked(lock_file, "the build dir", Reporter("cpu")):
+            with locked(lock_file, "the build dir", Reporter(cell="cpu")):
                 order.append("second run")
 
         thread = threading.Thread(target=second_run)
@@ -225,3 +233,134 @@ def test_a_second_run_waits_for_the_lock(
     thread.join(timeout=5)
     assert order == ["first run done", "second run"]
     assert "waiting for another run that holds the build dir" in capsys.readouterr().out
+
+
+# --- the distributable wheel: torch pin, auditwheel, the third-party example ----------------------
+
+
+def make_wheel(path: Path, requires: list[str]) -> Path:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as archive:
+        metadata = "Metadata-Version: 2.1\nName: torch-fallback\nVersion: 0.1.0\n"
+        metadata += "".join(f"Requires-Dist: {line}\n" for line in requires)
+        archive.writestr("torch_fallback-0.1.0.dist-info/METADATA", metadata)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("requires", "ok"),
+    [
+        (["torch==2.13.0"], True),
+        (["torch>=2.6"], False),  # the old claim: any torch since 2.6
+        (["torch==2.14.1"], False),  # another release than the one built against
+        (["torchvision==0.28.0"], False),  # no torch requirement at all
+        ([], False),
+    ],
+)
+def test_the_wheel_must_pin_the_torch_it_was_built_against(
+    tmp_path: Path, requires: list[str], ok: bool
+) -> None:
+    wheel = make_wheel(tmp_path / "torch_fallback-0.1.0-cp311-cp311-linux_x86_64.whl", requires)
+    assert (torch_pins(wheel) == ["==2.13.0"]) is ok
+    # the job asks the cell's environment (here: this Python) through fallback_matrix.versions
+    layout = layout_for(tmp_path, [])
+    (layout.run_venv / "bin").mkdir(parents=True)
+    (layout.run_venv / "bin" / "python").symlink_to(sys.executable)
+    if ok:
+        assert cell_job.check_torch_pin(layout, wheel, "2.13.0+cpu", os.environ) == "torch==2.13.0"
+    else:
+        with pytest.raises(StepFailed, match=r"must say Requires-Dist: torch==2\.13\.0"):
+            cell_job.check_torch_pin(layout, wheel, "2.13.0+cpu", os.environ)
+
+
+def test_repair_excludes_torchs_own_libraries_and_keeps_the_manylinux_wheel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    layout = layout_for(tmp_path, [])
+    commands: list[list[str]] = []
+
+    def fake_must_run(command: Any, env: Any, what: str, cwd: Any = None) -> None:
+        commands.append([str(part) for part in command])
+        out = Path(commands[-1][commands[-1].index("--wheel-dir") + 1])
+        out.mkdir(parents=True)
+        (out / "torch_fallback-0.1.0-cp311-cp311-manylinux_2_34_x86_64.whl").write_bytes(b"")
+
+    def fake_show(command: Any, **kwargs: Any) -> Any:
+        return subprocess.CompletedProcess(command, 0, "is consistent with manylinux_2_34", "")
+
+    import subprocess
+
+    monkeypatch.setattr(cell_job, "must_run", fake_must_run)
+    monkeypatch.setattr(cell_job.subprocess, "run", fake_show)
+    built = tmp_path / "torch_fallback-0.1.0-cp311-cp311-linux_x86_64.whl"
+    wheel, shown = cell_job.repair_wheel(
+        layout, built, ["libtorch_cpu.so", "libgomp-a34b3233.so.1"], {}
+    )
+    (command,) = commands
+    excludes = {part.removeprefix("--exclude=") for part in command if "--exclude=" in part}
+    assert {"libtorch*.so*", "libc10*.so*", "libtorch_cpu.so", "libgomp-a34b3233.so.1"} <= excludes
+    assert command[-1] == str(built)
+    assert cell_job.platform_tag(wheel) == "manylinux_2_34_x86_64"
+    assert "manylinux_2_34" in shown and "manylinux_2_34" in capsys.readouterr().out
+
+
+def test_a_missing_example_fails_the_step_saying_what_to_do(tmp_path: Path) -> None:
+    (tmp_path / "repo").mkdir()
+    with pytest.raises(StepFailed, match=r"examples/third_party_backend is missing.*never skips"):
+        cell_job.run_example(layout_for(tmp_path, []), {}, Reporter(cell="cpu"))
+
+
+def test_the_example_is_built_against_the_installed_wheel_and_tested(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    example = tmp_path / "repo" / "examples" / "third_party_backend"
+    (example / "tests").mkdir(parents=True)
+    (example / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    calls: list[list[str]] = []
+    monkeypatch.setattr(
+        cell_job,
+        "must_run",
+        lambda command, env, what, cwd=None: calls.append([str(p) for p in command]),
+    )
+    monkeypatch.setattr(
+        cell_job, "run", lambda command, env, cwd=None: calls.append([str(p) for p in command]) or 0
+    )
+    layout = layout_for(tmp_path, [])
+    cell_job.run_example(layout, {}, Reporter(cell="cpu"))
+    install, tests = calls
+    assert install[install.index("install") + 1 :][:2] == ["--progress-bar", "off"]
+    assert "--no-build-isolation" in install and "--no-index" in install
+    # built from a copy (the repository is read-only in a container), into the run venv
+    assert install[-1] == str(layout.work / "example")
+    assert install[0] == str(layout.run_venv / "bin" / "python")
+    assert tests[tests.index("pytest") + 1] == str(layout.work / "example" / "tests")
+    assert tests[tests.index("--junitxml") + 1] == str(layout.artifacts / "example" / "junit.xml")
+
+    monkeypatch.setattr(cell_job, "run", lambda command, env, cwd=None: 1)
+    with pytest.raises(StepFailed, match="the tests of examples/third_party_backend failed"):
+        cell_job.run_example(layout, {}, Reporter(cell="cpu"))
+
+
+def test_install_from_an_index_takes_dependencies_from_the_wheelhouse(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[list[str]] = []
+    monkeypatch.setattr(
+        cell_job,
+        "must_run",
+        lambda command, env, what, cwd=None: calls.append([str(p) for p in command]),
+    )
+    layout = layout_for(tmp_path, [])
+    job = dataclasses.replace(
+        layout.job, index_url="http://127.0.0.1:8080/simple/", requirement="torch-fallback==0.1.0"
+    )
+    layout = Layout(job)
+    (layout.run_venv / "bin").mkdir(parents=True)
+    (layout.run_venv / "bin" / "python").symlink_to(sys.executable)
+    with pytest.raises(StepFailed, match="torch_fallback resolves to"):  # nothing really installed
+        cell_job.install_wheel(layout, None, dict(os.environ), Reporter(cell="cpu"))
+    (install,) = calls
+    assert install[install.index("--index-url") + 1] == "http://127.0.0.1:8080/simple/"
+    assert install[install.index("--find-links") + 1] == str(layout.wheelhouse)
+    assert install[-1] == "torch-fallback==0.1.0"

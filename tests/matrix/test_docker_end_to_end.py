@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from fallback_matrix.cells import Cell
-from fallback_matrix.console import CellLog, Reporter
 from fallback_matrix.image import plan_image
 from fallback_matrix.loader import load_matrix
 from fallback_matrix.pipeline import run_cell
+from fallback_matrix.report import Reporter
 from fallback_matrix.runners.base import CellWork, RunnerName, RunOutcome
 from fallback_matrix.runners.docker_runner import LABEL, ensure_image, execute, plan_container
 from fallback_matrix.runners.engine import engine_status
@@ -59,7 +59,7 @@ class CommandRunner:
     def __init__(self, client: Any, volume: str, script: str) -> None:
         self.client, self.volume, self.script = client, volume, script
 
-    def run(self, work: CellWork, log: CellLog) -> RunOutcome:
+    def run(self, work: CellWork, log: Reporter) -> RunOutcome:
         image = ensure_image(self.client, plan_image(work.repo, work.cell), log)
         plan = plan_container(work, image, volume=self.volume)
         plan = dataclasses.replace(plan, command=["sh", "-c", self.script])
@@ -69,7 +69,8 @@ class CommandRunner:
 def fake_complete_wheelhouse(cache: Path, cell: Cell, repo: Path) -> None:
     from fallback_matrix.project import dependency_groups
 
-    request = WheelhouseRequest.for_cell(cell, dependency_groups(repo / "pyproject.toml"))
+    pyproject = repo / "pyproject.toml"
+    request = WheelhouseRequest.for_cell(cell, dependency_groups(pyproject), pyproject)
     path = wheelhouse_path(cache, request)
     path.mkdir(parents=True)
     path.chmod(0o755)
@@ -154,3 +155,45 @@ def assert_container_removed(client: Any, log: str) -> None:
     match = re.search(r"container (fallback-matrix-cpu-[0-9a-f]+) ", log)
     assert match, log
     assert client.containers.list(all=True, filters={"label": LABEL, "name": match.group(1)}) == []
+
+
+@pytest.mark.slow
+def test_a_cell_runs_with_its_cache_bind_mounted_from_another_users_directory(
+    repo_root: Path, tmp_path: Path, client: Any
+) -> None:
+    """As on a hosted runner: the workspace's cache directory belongs to uid 1001, not to
+    the image's user (1000). The whole cpu cell runs with it as /cache, and everything
+    it leaves there belongs to the directory's owner (so actions/cache can save it)."""
+    import os
+    import shutil
+
+    from fallback_matrix.cells import expand_cells, pick_cells
+    from fallback_matrix.paths import cache_root
+    from fallback_matrix.runners.docker_runner import IMAGE_UID, DockerRunner
+
+    matrix = load_matrix(repo_root / "matrix.yaml")
+    (cell,) = pick_cells(expand_cells(matrix.spec), ["cpu"])
+    cache = tmp_path / "workspace-cache"
+    cache.mkdir()
+    if os.geteuid() == 0:
+        os.chown(cache, 1001, 1001)
+    owner = cache.stat().st_uid
+    assert owner not in (IMAGE_UID, 0)
+    try:
+        result = run_cell(
+            matrix,
+            cell,
+            DockerRunner(volume=str(cache)),
+            cache_root=cache_root(matrix.root),
+            artifacts_root=tmp_path / "artifacts",
+            gpus=False,
+            reporter=Reporter(),
+        )
+        log = result.log.read_text()
+        assert result.exit_code == 0, log[-4000:]
+        assert "Permission denied" not in log
+        assert (cache / "envs").is_dir() and (cache / "ccache").is_dir()
+        assert {path.lstat().st_uid for path in cache.rglob("*")} == {owner}
+        assert list((tmp_path / "artifacts" / "cpu").glob("torch_fallback-*manylinux*.whl"))
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)

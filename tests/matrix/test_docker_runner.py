@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import os
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +37,6 @@ def work(matrix_data: dict[str, Any], repo_root: Path, tmp_path: Path) -> CellWo
     cell = expand_cells(MatrixFile.model_validate(matrix_data))[0]
     return CellWork(
         cell=cell,
-        requirements=("pytest>=8",),
         sources=("pyproject.toml",),
         repo=repo_root,
         wheelhouse=tmp_path / "wheelhouse",
@@ -83,9 +84,11 @@ def test_plan_mounts_repo_and_wheelhouse_read_only(work: CellWork) -> None:
     assert not mounts["/cache"].read_only
     assert plan.name == "fallback-matrix-cpu-x1"
     assert plan.labels == {LABEL: "1", CELL_LABEL: "cpu"}
+    # the job is the package's own module, found in the mounted src/ (working directory)
     assert plan.command == [
         "python3",
-        "/src/src/fallback_matrix/cell_job.py",
+        "-m",
+        "fallback_matrix.cell_job",
         "/tmp/fallback-matrix-job.json",
     ]
 
@@ -220,3 +223,31 @@ def test_extract_archive_drops_the_top_folder(tmp_path: Path) -> None:
     names = extract_archive(out_archive({"x.whl": b"1", "junit.xml": b"2"}), tmp_path)
     assert sorted(names) == ["junit.xml", "x.whl"]
     assert (tmp_path / "x.whl").read_bytes() == b"1"
+
+
+# --- a host directory as the cache: the job runs as its owner -------------------------------------
+
+
+def _stat(uid: int, gid: int) -> Any:
+    return lambda path: os.stat_result((0o40755, 0, 0, 2, uid, gid, 0, 0, 0, 0))
+
+
+def test_a_host_cache_directory_makes_the_job_run_as_its_owner() -> None:
+    from fallback_matrix.runners.docker_runner import cache_user
+
+    # a hosted runner's workspace belongs to uid 1001, the image's user is 1000
+    assert cache_user("/home/runner/work/cache", stat=_stat(1001, 118)) == "1001:118"
+    assert cache_user("/cache", stat=_stat(0, 0)) is None  # root's: handed to the image user
+    assert cache_user("torch-fallback-matrix-cache") is None  # a named volume
+
+
+def test_the_plan_carries_the_user_and_the_network(work: CellWork) -> None:
+    plan = plan_container(work, "img:tag", volume="/ci/cache", user="1001:118")
+    assert plan.user == "1001:118" and plan.network == "none"
+    assert plan.environment["HOME"] == "/tmp"  # a uid without a passwd entry still has a HOME
+    client = fake_client(fake_container())
+    execute(client, plan, MagicMock(), Path("/tmp/unused-artifacts"))
+    kwargs = client.containers.create.call_args.kwargs
+    assert kwargs["user"] == "1001:118" and kwargs["network_mode"] == "none"
+    from_index = dataclasses.replace(work, index_url="http://127.0.0.1:1/simple/", requirement="x")
+    assert plan_container(from_index, "img:tag").network == "host"  # reaches the local index

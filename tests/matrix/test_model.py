@@ -198,3 +198,17 @@ def test_cli_prints_the_problem_not_a_traceback(
     assert status == cli.EXIT_USAGE
     assert "invalid YAML" in output.out + output.err
     assert "Traceback" not in output.out + output.err
+
+
+def test_pypi_cells_build_and_at_most_one_per_python(
+    write_matrix: Callable[[Any], Path], matrix_data: dict[str, Any]
+) -> None:
+    matrix_data["cells"][2]["pypi"] = True  # the GPU cell builds nothing
+    matrix_data["cells"].append(
+        {"name": "cuda-2", "variant": "cuda", "torch": "2.13.0", "cuda": "13", "pypi": True}
+    )
+    with pytest.raises(MatrixFileError) as caught:
+        load_matrix(write_matrix(matrix_data))
+    message = str(caught.value)
+    assert "cells[2].pypi: pypi: true marks a cell that builds the wheel PyPI gets" in message
+    assert "cells[3].pypi: a second pypi: true cell for Python 3.11 (first: cuda)" in message

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -77,5 +78,25 @@ def test_local_runner_uses_this_python_when_versions_match() -> None:
 
 
 def test_local_runner_explains_a_missing_python() -> None:
-    with pytest.raises(RunnerUnavailableError, match=r"needs Python 3\.99.*--runner docker"):
+    with pytest.raises(RunnerUnavailableError, match=r"no Python 3\.99 here.*--runner docker"):
         find_python("3.99", which=lambda name: None)
+
+
+def test_a_python_of_another_version_is_found_under_pyenv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+
+    from fallback_matrix.errors import RunnerUnavailableError
+    from fallback_matrix.runners import local
+
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path))
+    python = tmp_path / "versions" / "3.10.13" / "bin" / "python3.10"
+    python.parent.mkdir(parents=True)
+    python.symlink_to(sys.executable)  # a stand-in that answers with this version
+    running = f"{sys.version_info.major}.{sys.version_info.minor}"
+    monkeypatch.setattr(
+        local, "_python_version", lambda path: "3.10" if "3.10" in path else running
+    )
+    assert local.find_python("3.10", which=lambda name: None) == str(python)
+    with pytest.raises(RunnerUnavailableError, match=r"no Python 3\.9 here.*install Python 3\.9"):
+        local.find_python("3.9", which=lambda name: None)

@@ -33,6 +33,7 @@ def write_cell(
     skipped: int = 0,
     exit_code: int = 0,
     build: str = "ok",
+    example: str | None = None,
 ) -> None:
     cell = root / name
     cell.mkdir(parents=True)
@@ -40,15 +41,19 @@ def write_cell(
         JUNIT.format(tests=tests, failures=failures, errors=errors, skipped=skipped)
     )
     steps = [{"name": "environment", "status": "ok"}, {"name": "build", "status": build}]
-    (cell / "status.json").write_text(json.dumps({"cell": name, "steps": steps}))
-    (cell / "result.json").write_text(
-        json.dumps({"cell": name, "runner": "docker", "exit_code": exit_code, "seconds": 75.0})
-    )
+    if example is not None:
+        steps.append({"name": "example", "status": example, "seconds": 12.0})
+        (cell / "example").mkdir()
+        (cell / "example" / "junit.xml").write_text(
+            JUNIT.format(tests=3, failures=int(example == "failed"), errors=0, skipped=0)
+        )
+    record = {"cell": name, "steps": steps, "runner": "docker", "exit_code": exit_code}
+    (cell / "result.json").write_text(json.dumps({**record, "seconds": 75.0}))
 
 
 @pytest.fixture
 def artifacts(tmp_path: Path) -> Path:
-    write_cell(tmp_path, "cpu", tests=10, skipped=2)
+    write_cell(tmp_path, "cpu", tests=10, skipped=2, example="ok")
     write_cell(tmp_path, "cuda", tests=10, failures=1, errors=1, skipped=3, exit_code=1)
     return tmp_path
 
@@ -72,11 +77,31 @@ def test_missing_or_broken_junit_gives_none(tmp_path: Path) -> None:
 
 
 def test_rows_from_artifacts(artifacts: Path) -> None:
-    cpu, cuda = collect_rows(artifacts)
+    cpu, cpu_example, cuda, cuda_example = collect_rows(artifacts)
     assert (cpu.cell, cpu.runner, cpu.build, cpu.result) == ("cpu", "docker", "ok", "passed")
     assert cpu.tests == JUnitCounts(passed=8, skipped=2)
     assert cuda.result == "FAILED"
     assert cuda.tests == JUnitCounts(passed=5, failed=1, errors=1, skipped=3)
+    # the third-party example is a row of its own, also when the cell never reached it
+    assert (cpu_example.cell, cpu_example.build, cpu_example.result) == (
+        "cpu/example",
+        "ok",
+        "passed",
+    )
+    assert cpu_example.tests == JUnitCounts(passed=3) and cpu_example.seconds == 12.0
+    assert (cuda_example.cell, cuda_example.build, cuda_example.result) == (
+        "cuda/example",
+        "not reached",
+        "FAILED",
+    )
+
+
+def test_a_failed_example_fails_its_row_only(tmp_path: Path) -> None:
+    write_cell(tmp_path, "cpu", tests=4, example="failed", exit_code=1)
+    cpu, example = collect_rows(tmp_path)
+    assert cpu.tests == JUnitCounts(passed=4)
+    assert (example.build, example.result) == ("failed", "FAILED")
+    assert example.tests == JUnitCounts(passed=2, failed=1)
 
 
 def test_a_cell_that_never_built(tmp_path: Path) -> None:
@@ -106,7 +131,7 @@ def test_terminal_table(artifacts: Path) -> None:
 
 
 def test_closing_line_adds_up_every_cell(artifacts: Path) -> None:
-    assert closing_line(collect_rows(artifacts)) == "matrix: 13 passed, 2 failed, 5 skipped"
+    assert closing_line(collect_rows(artifacts)) == "matrix: 16 passed, 2 failed, 5 skipped"
 
 
 def test_summary_command_writes_github_markdown(
@@ -120,4 +145,4 @@ def test_summary_command_writes_github_markdown(
     status = cli.main(["summary", "--artifacts", str(artifacts)])
     assert status == cli.EXIT_FAILED  # the cuda cell failed
     assert "| cuda | docker |" in step_summary.read_text()
-    assert "matrix: 13 passed, 2 failed, 5 skipped" in capsys.readouterr().out
+    assert "matrix: 16 passed, 2 failed, 5 skipped" in capsys.readouterr().out

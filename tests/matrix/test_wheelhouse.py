@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,10 @@ from fallback_matrix.wheelhouse import (
     wheelhouse_path,
 )
 
-REQUEST = WheelhouseRequest("cpu", "3.11", "torch==2.13.0+cpu", ("setuptools>=69", "pytest>=8"))
+GROUPS = '{"build": ["setuptools>=69"], "test": ["pytest>=8"]}'
+REQUEST = WheelhouseRequest(
+    "cpu", "3.11", "torch==2.13.0+cpu", GROUPS, Path("/repo/pyproject.toml")
+)
 INDEX = "https://download.pytorch.org/whl/cpu"
 
 
@@ -31,12 +36,14 @@ class FakePip:
         interrupt_on: int | None = None,
     ) -> None:
         self.calls: list[list[str]] = []
+        self.envs: list[dict[str, str] | None] = []
         self.torch_wheel = torch_wheel
         self.fail_on = fail_on
         self.interrupt_on = interrupt_on
 
-    def __call__(self, args: Sequence[str]) -> int:
+    def __call__(self, args: Sequence[str], env: Mapping[str, str] | None = None) -> int:
         self.calls.append(list(args))
+        self.envs.append(dict(env) if env is not None else None)
         dest = Path(args[list(args).index("--dest") + 1])
         number = len(self.calls)
         if number == self.interrupt_on:
@@ -53,7 +60,7 @@ class FakePip:
 
 def output_of(reporter: Any) -> str:
     """What the user saw on the terminal."""
-    return str(reporter.console.file.getvalue())
+    return str(reporter.stream.getvalue())
 
 
 def reachable(url: str) -> ProbeResult:
@@ -70,20 +77,27 @@ def fill(tmp_path: Path, cell_log: Any, pip: FakePip, probe: Any = unreachable) 
     )
 
 
-def test_key_is_stable_and_ignores_requirement_order() -> None:
-    shuffled = WheelhouseRequest(
-        "cpu", "3.11", "torch==2.13.0+cpu", ("pytest>=8", "setuptools>=69")
-    )
-    assert REQUEST.key() == shuffled.key()
-    assert REQUEST.dirname() == f"cpu-{REQUEST.key()}"
+def test_key_is_stable_and_ignores_where_the_project_lies() -> None:
+    elsewhere = WheelhouseRequest("cpu", "3.11", "torch==2.13.0+cpu", GROUPS, Path("x.toml"))
+    assert REQUEST.key() == elsewhere.key()
+    assert REQUEST.dirname() == f"torch-2.13.0-cpu-py3.11-{REQUEST.key()}"
+
+
+def test_cells_that_install_the_same_share_one_wheelhouse() -> None:
+    """A build cell and the GPU cell testing its wheel: one directory, one CI cache entry."""
+    build = WheelhouseRequest("cuda", "3.11", "torch==2.14.1", '{"test": ["pytest>=8"]}')
+    gpu = WheelhouseRequest("cuda-gpu", "3.11", "torch==2.14.1", '{"test": ["pytest>=8"]}')
+    assert build.dirname() == gpu.dirname()
+    other = WheelhouseRequest("cuda", "3.11", "torch==2.13.0", '{"test": ["pytest>=8"]}')
+    assert other.dirname() != build.dirname()
 
 
 @pytest.mark.parametrize(
     "changed",
     [
-        WheelhouseRequest("cpu", "3.12", "torch==2.13.0+cpu", ("setuptools>=69", "pytest>=8")),
-        WheelhouseRequest("cpu", "3.11", "torch==2.13.1+cpu", ("setuptools>=69", "pytest>=8")),
-        WheelhouseRequest("cpu", "3.11", "torch==2.13.0+cpu", ("setuptools>=69", "pytest>=9")),
+        WheelhouseRequest("cpu", "3.12", "torch==2.13.0+cpu", GROUPS),
+        WheelhouseRequest("cpu", "3.11", "torch==2.13.1+cpu", GROUPS),
+        WheelhouseRequest("cpu", "3.11", "torch==2.13.0+cpu", GROUPS.replace(">=8", ">=9")),
     ],
 )
 def test_key_changes_with_what_is_installed(changed: WheelhouseRequest) -> None:
@@ -99,7 +113,12 @@ def test_fill_downloads_for_the_cell_platform_and_completes(tmp_path: Path, cell
     assert path.stat().st_mode & 0o777 == 0o755  # readable by the container's user
     torch_call, groups_call = pip.calls
     assert torch_call[-1] == "torch==2.13.0+cpu"
-    assert groups_call[-2:] == ["setuptools>=69", "pytest>=8"]
+    # pip resolves the dependency groups itself (and the pip that installs them in a cell)
+    assert groups_call[-3:] == [
+        "pip>=25.1",
+        "--group=/repo/pyproject.toml:build",
+        "--group=/repo/pyproject.toml:test",
+    ]
     for call in pip.calls:
         assert "--only-binary=:all:" in call
         assert call[call.index("--python-version") + 1] == "3.11"
@@ -117,12 +136,39 @@ def test_unreachable_index_falls_back_to_pip_configuration_in_one_line(
     assert INDEX in lines[0] and "pip's own configuration" in lines[0]
 
 
-def test_reachable_index_is_used_for_torch_only(tmp_path: Path, cell_log: Any) -> None:
+def test_reachable_index_is_used_for_torch_only(
+    tmp_path: Path, cell_log: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PIP_FIND_LINKS", "/opt/wheels")
+    monkeypatch.setenv("PIP_CERT", "/etc/ssl/certs/bundle.crt")
     pip = FakePip()
     fill(tmp_path, cell_log, pip, probe=reachable)
     torch_call, groups_call = pip.calls
     assert torch_call[torch_call.index("--index-url") + 1] == INDEX
     assert "--index-url" not in groups_call
+    # no find-links folder or constraint file of the machine may swap torch's build:
+    # torch is downloaded with no pip configuration at all, but the CA bundle
+    torch_env, groups_env = pip.envs
+    assert torch_env is not None and torch_env["PIP_CONFIG_FILE"] == os.devnull
+    assert not {key for key in torch_env if key.startswith("PIP_")} - {"PIP_CONFIG_FILE"}
+    assert torch_call[torch_call.index("--cert") + 1] == "/etc/ssl/certs/bundle.crt"
+    assert groups_env is None  # the groups come through pip's own configuration
+
+
+def test_a_cpu_only_torch_for_a_cuda_cell_is_refused(tmp_path: Path, cell_log: Any) -> None:
+    request = WheelhouseRequest("cuda-213", "3.11", "torch==2.13.0", '{"test": ["pytest>=8"]}')
+    pip = FakePip(torch_wheel="torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
+    with pytest.raises(WheelhouseError, match=r"CPU-only build, for a CUDA cell"):
+        ensure_wheelhouse(
+            request,
+            INDEX,
+            tmp_path / "cache",
+            cell_log,
+            pip_download=pip,
+            probe=unreachable,
+            variant="cuda",
+        )
+    assert list((tmp_path / "cache" / "wheelhouse").iterdir()) == []
 
 
 def test_a_complete_wheelhouse_is_reused_without_pip(tmp_path: Path, cell_log: Any) -> None:
@@ -168,9 +214,39 @@ def test_a_torch_of_another_version_is_refused(tmp_path: Path, cell_log: Any) ->
 def test_a_pin_without_local_version_accepts_the_build_pip_chose(
     tmp_path: Path, cell_log: Any
 ) -> None:
-    request = WheelhouseRequest("cuda", "3.11", "torch==2.14.1", ("pytest>=8",))
+    request = WheelhouseRequest("cuda", "3.11", "torch==2.14.1", '{"test": ["pytest>=8"]}')
     pip = FakePip(torch_wheel="torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl")
     path = ensure_wheelhouse(
         request, INDEX, tmp_path / "cache", cell_log, pip_download=pip, probe=unreachable
     )
-    assert path.name.startswith("cuda-")
+    assert path.name.startswith("torch-2.14.1-py3.11-")
+
+
+def test_wheels_are_downloaded_by_the_cells_own_python(
+    tmp_path: Path, cell_log: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pip evaluates dependency markers (tomli; python_version < "3.11") for the Python it
+    runs on: a Python 3.10 cell's wheelhouse is filled by a Python 3.10 pip (>= 25.1)."""
+    from fallback_matrix import wheelhouse
+    from fallback_matrix.runners import local
+
+    commands: list[list[str]] = []
+
+    def fake_run(command: Any, sink: Any, **kwargs: Any) -> int:
+        commands.append([str(part) for part in command])
+        if "venv" in command:
+            Path(command[-1]).mkdir(parents=True)
+        return 0
+
+    monkeypatch.setattr(local, "find_python", lambda version, **kwargs: f"/opt/py{version}")
+    monkeypatch.setattr(wheelhouse, "run_streaming", fake_run)
+    python = wheelhouse.download_python("3.10", tmp_path, cell_log)
+    assert python == str(tmp_path / "pip" / "py3.10" / "bin" / "python")
+    assert commands == [
+        ["/opt/py3.10", "-m", "venv", "--clear", str(tmp_path / "pip" / "py3.10")],
+        [python, "-m", "pip", "install", "--progress-bar", "off", "pip>=25.1"],
+    ]
+    assert wheelhouse.download_python("3.10", tmp_path, cell_log) == python  # kept
+    assert len(commands) == 2
+    running = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert wheelhouse.download_python(running, tmp_path, cell_log) == sys.executable

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from fallback_matrix import cli, load_matrix
+from fallback_matrix import cli
+from fallback_matrix.loader import load_matrix
 from fallback_matrix.workflows import (
     ACTIONS,
     REGENERATE_COMMAND,
@@ -22,7 +23,7 @@ from fallback_matrix.workflows import (
     write_workflows,
 )
 
-REQUIREMENTS = ("setuptools>=69", "pytest>=8")
+REQUIREMENTS = '{"build": ["setuptools>=69"], "test": ["pytest>=8"]}'
 SHA = re.compile(r"^[\w.-]+/[\w.-]+@[0-9a-f]{40}$")
 SETUP_COMMANDS = {"python -m pip install nox"}
 
@@ -87,8 +88,9 @@ def test_a_changed_matrix_makes_the_drift_check_fail(
     matrix_data["cells"][0]["torch"] = "2.13.1+cpu"
     changed = load_matrix(write_matrix(matrix_data))
     drift = check_workflows(tmp_path, plan_workflows(changed))
-    assert drift.changed == tuple(
-        f"{WORKFLOWS_DIR.as_posix()}/{kind.file_name}" for kind in WORKFLOW_KINDS
+    assert drift.changed == (
+        *(f"{WORKFLOWS_DIR.as_posix()}/{kind.file_name}" for kind in WORKFLOW_KINDS),
+        f"{WORKFLOWS_DIR.as_posix()}/release.yml",
     )
     assert REGENERATE_COMMAND in drift.describe()
     assert cli.main(["--matrix", str(changed.file), "workflows", "--check"]) == 1
@@ -109,8 +111,8 @@ def test_stale_generated_files_count_as_drift(
     write_workflows(tmp_path, planned)
     old = tmp_path / WORKFLOWS_DIR / "matrix-old.yml"
     old.write_text(next(iter(planned.values())), encoding="utf-8")
-    hand_written = tmp_path / WORKFLOWS_DIR / "release.yml"
-    hand_written.write_text("name: release\n", encoding="utf-8")
+    hand_written = tmp_path / WORKFLOWS_DIR / "deploy.yml"
+    hand_written.write_text("name: deploy\n", encoding="utf-8")
     assert check_workflows(tmp_path, planned).stale == (
         f"{WORKFLOWS_DIR.as_posix()}/matrix-old.yml",
     )
@@ -174,9 +176,20 @@ def test_every_action_is_pinned_by_a_full_sha_with_its_version(
 
 
 def test_least_privilege_and_concurrency(every_workflow: dict[str, dict[str, Any]]) -> None:
-    for workflow in every_workflow.values():
+    for name, workflow in every_workflow.items():
         assert workflow["permissions"] == {"contents": "read"}
-        assert workflow["concurrency"]["cancel-in-progress"] is True
+        # a new run cancels an older one only for pull requests: never a push to main
+        # (each merge's GPU tests finish) and never a release
+        cancel = workflow["concurrency"]["cancel-in-progress"]
+        expected = False if name == "release.yml" else "${{ github.event_name == 'pull_request' }}"
+        assert cancel == expected, name
+        for job_id, job in workflow["jobs"].items():
+            if "permissions" in job:  # only the publish job widens them, and only by OIDC
+                assert (name, job_id, job["permissions"]) == (
+                    "release.yml",
+                    "publish",
+                    {"id-token": "write"},
+                )
         for job_id, step in _steps(workflow):
             if step.get("uses", "").startswith("actions/checkout@"):
                 assert step["with"]["persist-credentials"] is False, job_id
@@ -211,12 +224,12 @@ def test_build_jobs_run_the_laptop_session_and_upload_the_cell(
 def test_cache_keys_change_with_what_the_cell_installs(
     write_matrix: Any, matrix_data: dict[str, Any]
 ) -> None:
-    def keys(requirements: tuple[str, ...]) -> list[str]:
+    def keys(requirements: str) -> list[str]:
         matrix = load_matrix(write_matrix(matrix_data))
         job = _workflows(plan_workflows(matrix, requirements))["matrix-pr.yml"]["jobs"]
         return [s["with"]["key"] for s in job["build-cpu"]["steps"] if "key" in s.get("with", {})]
 
-    assert keys(REQUIREMENTS) != keys((*REQUIREMENTS, "numpy"))
+    assert keys(REQUIREMENTS) != keys(REQUIREMENTS.replace('"pytest>=8"', '"pytest>=8", "numpy"'))
 
 
 def test_gpu_job_takes_labels_from_the_matrix_and_requires_a_gpu(
@@ -244,29 +257,33 @@ def test_gpu_cell_without_a_build_cell_is_an_error(
         plan_workflows(load_matrix(write_matrix(matrix_data)), REQUIREMENTS)
 
 
-def test_no_cross_job_when_the_versions_differ(
-    planned: Any, committed: dict[str, dict[str, Any]]
+def test_no_cross_job_when_the_versions_differ(planned: Any) -> None:
+    for workflow in planned().values():
+        assert not [job for job in workflow["jobs"] if job.startswith("cross-")]
+
+
+def test_the_committed_matrix_has_a_cross_job_in_every_cell_workflow(
+    committed: dict[str, dict[str, Any]],
 ) -> None:
-    for workflows in (planned(), committed):
-        for workflow in workflows.values():
-            assert not [job for job in workflow["jobs"] if job.startswith("cross-")]
+    for name in ("matrix-pr.yml", "matrix-main.yml", "release.yml"):
+        assert "cross-cpu-on-cuda-213" in committed[name]["jobs"], name
 
 
 def test_cross_job_for_a_cpu_and_cuda_cell_of_the_same_torch(
     planned: Any, matrix_data: dict[str, Any]
 ) -> None:
     workflows = planned(_cross_matrix(matrix_data))
-    for workflow in workflows.values():
+    for name, workflow in workflows.items():
+        if name == "checks.yml":
+            continue
         crosses = {job_id: job for job_id, job in workflow["jobs"].items() if "cross" in job_id}
         assert list(crosses) == ["cross-cpu-same-on-cuda"]
         job = crosses["cross-cpu-same-on-cuda"]
         assert job["needs"] == ["build-cpu-same"]
         runs = [s["run"] for s in job["steps"] if "run" in s]
-        assert (
-            "nox -s test-wheel -- cuda --wheel artifacts/cpu-same --as cross-cpu-same-on-cuda "
-            "--runner docker"
-        ) in runs
-        assert "cross-cpu-same-on-cuda" in workflow["jobs"]["summary"]["needs"]
+        assert "nox -s cross-cpu-same-on-cuda -- --runner docker" in runs
+        final = "dist" if name == "release.yml" else "summary"
+        assert "cross-cpu-same-on-cuda" in workflow["jobs"][final]["needs"]
 
 
 def test_cross_job_needs_the_same_python(planned: Any, matrix_data: dict[str, Any]) -> None:
@@ -279,7 +296,8 @@ def test_cross_job_needs_the_same_python(planned: Any, matrix_data: dict[str, An
 def test_summary_job_runs_after_everything_and_renders_the_table(
     committed: dict[str, dict[str, Any]],
 ) -> None:
-    for workflow in committed.values():
+    for name in ("matrix-pr.yml", "matrix-main.yml"):
+        workflow = committed[name]
         summary = workflow["jobs"]["summary"]
         assert summary["if"] == "always()"
         assert set(summary["needs"]) == set(workflow["jobs"]) - {"summary"}
@@ -314,3 +332,128 @@ def test_test_wheel_maps_the_staged_wheel_to_where_the_job_sees_the_repo(tmp_pat
     assert wheel.read_bytes() == b"wheel"
     relative = wheel.relative_to(tmp_path).as_posix()
     assert relative == ".cache/test-wheel/cuda/torch_fallback-0.1.0-cp311-cp311-linux_x86_64.whl"
+
+
+# --- GitHub's and PyPI's constraints (issue: CI that would pass on GitHub) ------------------------
+
+# The oldest release of each action GitHub still runs (actions/cache before v4.2.0 uses
+# the retired cache service) and that is current for its major line here.
+ACTION_FLOORS = {
+    "actions/checkout": "4.2.2",
+    "actions/setup-python": "5.6.0",
+    "actions/upload-artifact": "4.6.2",
+    "actions/download-artifact": "4.3.0",
+    "actions/cache": "4.2.0",
+    "pypa/gh-action-pypi-publish": "1.12.4",
+}
+
+
+def test_pinned_actions_are_current(every_workflow: dict[str, dict[str, Any]]) -> None:
+    from packaging.version import Version
+
+    by_ref = {action.ref: action for action in ACTIONS.values()}
+    used = set()
+    for name, workflow in every_workflow.items():
+        for job_id, step in _steps(workflow):
+            if "uses" not in step:
+                continue
+            action = by_ref[step["uses"]]
+            used.add(action.repo)
+            floor = ACTION_FLOORS[action.repo]
+            assert Version(action.version) >= Version(floor), (name, job_id, action)
+    assert "actions/cache" in used
+
+
+def test_checks_workflow_runs_lint_the_tooling_tests_and_the_drift_check(
+    committed: dict[str, dict[str, Any]],
+) -> None:
+    checks = committed["checks.yml"]
+    trigger = checks.get("on", checks.get(True))
+    assert trigger["pull_request"] == {"branches": ["main"]}
+    assert trigger["push"] == {"branches": ["main"]}
+    runs = {
+        job_id: [s["run"] for s in job["steps"] if "run" in s][-1]
+        for job_id, job in checks["jobs"].items()
+    }
+    assert runs == {
+        "lint": "nox -s lint",
+        "tooling": "nox -s tooling-tests",
+        "drift": "nox -s workflows -- --check",
+    }
+
+
+def test_gpu_job_runs_for_main_only_in_an_environment_with_per_run_caches_and_cleanup(
+    committed: dict[str, dict[str, Any]],
+) -> None:
+    job = committed["matrix-main.yml"]["jobs"]["gpu-cuda-gpu"]
+    assert job["if"] == "github.ref == 'refs/heads/main'"
+    assert job["environment"] == "gpu"
+    test_step = next(s for s in job["steps"] if s.get("run", "").startswith("nox -s test-wheel"))
+    run_dir = test_step["env"]["FALLBACK_MATRIX_DOCKER_CACHE"]
+    assert run_dir.startswith("${{ runner.temp }}/") and "${{ github.run_id }}" in run_dir
+    assert "${{ github.run_attempt }}" in run_dir  # a re-run gets its own directory too
+    cleanup = job["steps"][-1]
+    assert (cleanup["if"], cleanup["run"]) == ("always()", "nox -s clean -- --caches")
+    assert cleanup["env"]["FALLBACK_MATRIX_DOCKER_CACHE"] == run_dir
+    for name in ("matrix-pr.yml", "checks.yml", "release.yml"):
+        for other in committed[name]["jobs"].values():
+            assert "self-hosted" not in other["runs-on"], name
+
+
+def test_cells_that_install_the_same_share_one_cache_entry(
+    committed: dict[str, dict[str, Any]],
+) -> None:
+    jobs = committed["matrix-main.yml"]["jobs"]
+
+    def wheelhouse(job_id: str) -> tuple[str, str]:
+        (step,) = [s for s in jobs[job_id]["steps"] if s.get("name") == "wheelhouse cache"]
+        return step["with"]["path"], step["with"]["key"]
+
+    # same path and key: actions/cache stores the CUDA wheelhouse (GBs) once
+    assert wheelhouse("gpu-cuda-gpu") == wheelhouse("build-cuda")
+    entries = {wheelhouse(job_id) for job_id in jobs if job_id.startswith(("build-", "gpu-"))}
+    assert len(entries) == len([j for j in jobs if j.startswith("build-")])
+
+
+def test_release_builds_tests_and_publishes_with_trusted_publishing(
+    committed: dict[str, dict[str, Any]],
+) -> None:
+    release = committed["release.yml"]
+    assert release.get("on", release.get(True)) == {"push": {"tags": ["v*"]}}
+    jobs = release["jobs"]
+    builds = {job_id for job_id in jobs if job_id.startswith(("build-", "cross-"))}
+    assert {"build-cpu", "build-cuda", "build-oldest", "build-newest"} <= builds
+    assert set(jobs["dist"]["needs"]) == builds  # every wheel built and tested first
+    assert "nox -s dist -- cuda" in [s.get("run") for s in jobs["dist"]["steps"]]
+    publish = jobs["publish"]
+    assert publish["needs"] == ["dist"]
+    assert publish["environment"]["name"] == "pypi"
+    assert publish["permissions"] == {"id-token": "write"}
+    assert [s["uses"].split("@")[0] for s in publish["steps"]] == [
+        "actions/download-artifact",
+        "pypa/gh-action-pypi-publish",
+    ]
+    for job_id, step in _steps(release):  # nothing restored from a cache reaches a release
+        assert not step.get("uses", "").startswith("actions/cache@"), job_id
+
+
+def test_a_release_needs_a_pypi_cell(write_matrix: Any, matrix_data: dict[str, Any]) -> None:
+    from fallback_matrix.errors import MatrixError
+
+    del matrix_data["cells"][1]["pypi"]
+    with pytest.raises(MatrixError, match="no cell has pypi: true"):
+        plan_workflows(load_matrix(write_matrix(matrix_data)), REQUIREMENTS)
+
+
+def test_workflows_hold_no_yaml_anchors(repo_root: Path) -> None:
+    for path in (repo_root / WORKFLOWS_DIR).glob("*.yml"):
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(r"[&*]id\d+", text), f"{path.name}: YAML anchor or alias"
+
+
+def test_a_cell_job_sets_up_the_cells_python_and_the_toolings(
+    committed: dict[str, dict[str, Any]],
+) -> None:
+    steps = committed["matrix-main.yml"]["jobs"]["build-oldest"]["steps"]
+    (setup,) = [s for s in steps if s.get("uses", "").startswith("actions/setup-python@")]
+    assert setup["with"]["python-version"].split() == ["3.10", "3.11"]  # 3.11 last: default

@@ -8,7 +8,8 @@ from typing import Literal, Protocol
 
 from ..cell_job import Job
 from ..cells import Cell
-from ..console import CellLog
+from ..project import CELL_GROUPS
+from ..report import Reporter
 
 RunnerName = Literal["docker", "local"]
 RunnerChoice = Literal["docker", "local", "auto"]
@@ -19,7 +20,6 @@ class CellWork:
     """One cell to run, with host paths; each runner maps them to where the job sees them."""
 
     cell: Cell
-    requirements: tuple[str, ...]
     sources: tuple[str, ...]
     repo: Path
     wheelhouse: Path
@@ -27,6 +27,8 @@ class CellWork:
     cache_root: Path
     gpus: bool
     prebuilt_wheel: Path | None = None  # a wheel under ``repo`` to test instead of building
+    index_url: str | None = None  # install ``requirement`` from this index instead of building
+    requirement: str | None = None
 
     def job(self, *, repo: str, wheelhouse: str, cache: str, work: str, artifacts: str) -> Job:
         tests = self.cell.tests
@@ -34,7 +36,7 @@ class CellWork:
             cell=self.cell.name,
             torch_requirement=self.cell.torch_requirement,
             expected_cuda=self.cell.cuda,
-            requirements=list(self.requirements),
+            groups=list(CELL_GROUPS),
             test_paths=list(tests.paths),
             test_markers=tests.markers,
             allow_empty=tests.allow_empty,
@@ -50,6 +52,9 @@ class CellWork:
                 if self.prebuilt_wheel
                 else None
             ),
+            plain_version=self.cell.pypi,
+            index_url=self.index_url,
+            requirement=self.requirement,
         )
 
 
@@ -62,4 +67,4 @@ class RunOutcome:
 class Runner(Protocol):
     name: RunnerName
 
-    def run(self, work: CellWork, log: CellLog) -> RunOutcome: ...
+    def run(self, work: CellWork, log: Reporter) -> RunOutcome: ...

@@ -1,8 +1,12 @@
 """Run a cell's job in a container of the cell's build image.
 
-The repository and the wheelhouse are mounted read-only; a named volume keeps
-the caches (venvs, build dirs, ccache) across containers; the artifacts are
-copied out of the container when it ends. Containers carry a label so leftovers
+The repository and the wheelhouse are mounted read-only; a named volume (or a
+host directory, see DOCKER_CACHE_ENV) keeps the caches (venvs, build dirs,
+ccache) across containers; the artifacts are copied out of the container when
+it ends. With a host directory the job runs as that directory's owner, so it
+can write there whoever created it (a hosted runner's user is uid 1001, the
+image's user 1000), and what it writes stays the owner's: actions/cache can
+save it and the runner can delete it. Containers carry a label so leftovers
 can be found (``python -m fallback_matrix clean``) and are removed whatever
 happens: success, failure or Ctrl-C.
 """
@@ -10,16 +14,17 @@ happens: success, failure or Ctrl-C.
 from __future__ import annotations
 
 import io
+import os
 import tarfile
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from ..console import CellLog
 from ..errors import ImageBuildError, RunnerUnavailableError
 from ..image import ImagePlan, plan_image
+from ..report import Reporter
 from .base import CellWork, RunnerName, RunOutcome
 from .engine import connect_docker
 
@@ -29,6 +34,7 @@ if TYPE_CHECKING:
 LABEL = "org.torch-fallback.matrix"
 CELL_LABEL = "org.torch-fallback.matrix.cell"
 CACHE_VOLUME = "torch-fallback-matrix-cache"
+IMAGE_UID = 1000  # the image's user (docker/Dockerfile)
 # An absolute host directory to keep the caches in instead of the volume (CI caches it).
 DOCKER_CACHE_ENV = "FALLBACK_MATRIX_DOCKER_CACHE"
 
@@ -50,8 +56,9 @@ class InContainer:
         return f"{self.job_dir}/{self.job_name}"
 
     @property
-    def script(self) -> str:
-        return f"{self.repo}/src/fallback_matrix/cell_job.py"
+    def package_parent(self) -> str:
+        """Where ``python -m fallback_matrix.cell_job`` finds the package: the mounted src/."""
+        return f"{self.repo}/src"
 
 
 PATHS = InContainer()
@@ -62,7 +69,7 @@ class BindMount:
     source: str
     target: str
     read_only: bool
-    kind: str  # "bind" or "volume"
+    kind: Literal["bind", "volume"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,31 @@ class ContainerPlan:
     labels: dict[str, str]
     gpus: bool
     job_json: str = field(repr=False)
+    user: str | None = None  # uid:gid the job runs as; None: the image's user
+    network: str = "none"  # the job installs offline, from the wheelhouse
+
+
+def cache_user(cache: str, stat: Callable[[str], os.stat_result] = os.stat) -> str | None:
+    """The uid:gid to run as for the cache ``cache``: its owner's when it is a host directory.
+
+    A named volume (no leading /) takes the image user's ownership; so does a
+    host directory owned by root, which the host side hands to that user instead.
+    """
+    if cache[:1] != "/":
+        return None
+    info = stat(cache)
+    if info.st_uid == 0:
+        return None
+    return f"{info.st_uid}:{info.st_gid}"
+
+
+def prepare_cache_dir(cache: str) -> None:
+    """Create a host cache directory; one owned by root goes to the image's user (uid 1000)."""
+    path = Path(cache)
+    path.mkdir(parents=True, exist_ok=True)
+    info = path.stat()
+    if info.st_uid == 0 and os.geteuid() == 0:
+        os.chown(path, IMAGE_UID, IMAGE_UID)
 
 
 def plan_container(
@@ -87,6 +119,7 @@ def plan_container(
     volume: str = CACHE_VOLUME,
     environ: Mapping[str, str] | None = None,
     suffix: str | None = None,
+    user: str | None = None,
 ) -> ContainerPlan:
     job = work.job(
         repo=PATHS.repo,
@@ -95,14 +128,14 @@ def plan_container(
         work=PATHS.work,
         artifacts=PATHS.artifacts,
     )
-    environment = {"PYTHONUNBUFFERED": "1"}
+    environment = {"PYTHONUNBUFFERED": "1", "HOME": "/tmp"}
     if environ and environ.get("CI"):
         environment["CI"] = environ["CI"]
     return ContainerPlan(
         cell=work.cell.name,
         image=image_tag,
         name=f"fallback-matrix-{work.cell.name}-{suffix or uuid.uuid4().hex[:8]}",
-        command=["python3", PATHS.script, PATHS.job_file],
+        command=["python3", "-m", "fallback_matrix.cell_job", PATHS.job_file],
         mounts=[
             BindMount(str(work.repo), PATHS.repo, read_only=True, kind="bind"),
             BindMount(str(work.wheelhouse), PATHS.wheelhouse, read_only=True, kind="bind"),
@@ -114,10 +147,13 @@ def plan_container(
         labels={LABEL: "1", CELL_LABEL: work.cell.name},
         gpus=work.gpus or work.cell.gpu,
         job_json=job.to_json(),
+        user=user,
+        # offline (the wheelhouse), unless it installs from a package index on this host
+        network="host" if work.index_url else "none",
     )
 
 
-def ensure_image(client: DockerClient, plan: ImagePlan, log: CellLog) -> str:
+def ensure_image(client: DockerClient, plan: ImagePlan, log: Reporter) -> str:
     """The image's tag, built now only when no image has this tag yet."""
     import docker
 
@@ -126,10 +162,10 @@ def ensure_image(client: DockerClient, plan: ImagePlan, log: CellLog) -> str:
     except docker.errors.ImageNotFound:
         pass
     else:
-        log.step(f"image {plan.tag}: reusing it (Dockerfile and build args unchanged)")
+        log.say(f"image {plan.tag}: reusing it (Dockerfile and build args unchanged)")
         return plan.tag
     args = " ".join(f"{key}={value}" for key, value in plan.build_args.items())
-    log.step(f"image {plan.tag}: building {plan.context / plan.dockerfile} with {args}")
+    log.say(f"image {plan.tag}: building {plan.context / plan.dockerfile} with {args}")
     try:
         for chunk in client.api.build(
             path=str(plan.context),
@@ -154,7 +190,7 @@ def ensure_image(client: DockerClient, plan: ImagePlan, log: CellLog) -> str:
         raise ImageBuildError(
             f"cell {log.cell}: building image {plan.tag} failed: {error}; log: {log.path}"
         ) from None
-    log.step(f"image {plan.tag}: built")
+    log.say(f"image {plan.tag}: built")
     return plan.tag
 
 
@@ -214,20 +250,21 @@ def _create(client: DockerClient, plan: ContainerPlan) -> Any:
         labels=plan.labels,
         environment=plan.environment,
         mounts=mounts,
-        network_mode="none",  # the job installs offline, from the wheelhouse
+        network_mode=plan.network,
         device_requests=device_requests,
-        working_dir="/tmp",
+        working_dir=PATHS.package_parent,
+        user=plan.user or "",
     )
 
 
-def execute(client: DockerClient, plan: ContainerPlan, log: CellLog, artifacts: Path) -> int:
+def execute(client: DockerClient, plan: ContainerPlan, log: Reporter, artifacts: Path) -> int:
     """Run the planned container to its end; always remove it. Returns its exit status."""
     import docker
 
     container = None
     try:
         container = _create(client, plan)
-        log.step(f"container {plan.name} from image {plan.image}")
+        log.say(f"container {plan.name} from image {plan.image}")
         container.put_archive(PATHS.job_dir, job_archive(PATHS.job_name, plan.job_json))
         try:
             container.start()
@@ -245,7 +282,7 @@ def execute(client: DockerClient, plan: ContainerPlan, log: CellLog, artifacts: 
         try:
             stream, _ = container.get_archive(PATHS.artifacts)
             copied = extract_archive(stream, artifacts)
-            log.step(f"artifacts: {', '.join(sorted(copied)) or 'none'} -> {artifacts}")
+            log.say(f"artifacts: {', '.join(sorted(copied)) or 'none'} -> {artifacts}")
         except docker.errors.NotFound:
             log.warn(f"the container has no {PATHS.artifacts}; no artifacts copied")
         return status
@@ -261,7 +298,7 @@ def execute(client: DockerClient, plan: ContainerPlan, log: CellLog, artifacts: 
 
 
 class DockerRunner:
-    """cell_job.py inside the cell's build image."""
+    """The job (python -m fallback_matrix.cell_job) inside the cell's build image."""
 
     name: RunnerName = "docker"
 
@@ -281,12 +318,14 @@ class DockerRunner:
             self._client = self._connect()
         return self._client
 
-    def run(self, work: CellWork, log: CellLog) -> RunOutcome:
+    def run(self, work: CellWork, log: Reporter) -> RunOutcome:
         client = self.client()
         if self.volume[:1] == "/":
-            Path(self.volume).mkdir(parents=True, exist_ok=True)
+            prepare_cache_dir(self.volume)
         image = ensure_image(client, plan_image(work.repo, work.cell), log)
-        plan = plan_container(work, image, volume=self.volume, environ=self.environ)
+        plan = plan_container(
+            work, image, volume=self.volume, environ=self.environ, user=cache_user(self.volume)
+        )
         status = execute(client, plan, log, work.artifacts)
         return RunOutcome(exit_code=status, where=f"container {plan.name}, image {image}")
 

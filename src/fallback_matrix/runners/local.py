@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from .. import cell_job
-from ..console import CellLog
 from ..errors import RunnerUnavailableError
-from ..procs import run_streaming
+from ..report import Reporter
+from ..report import run as run_streaming
 from .base import CellWork, RunnerName, RunOutcome
 
 VERSION_PROBE = "import sys; print('%d.%d' % sys.version_info[:2])"
@@ -27,26 +27,32 @@ def _python_version(executable: str) -> str | None:
     return result.stdout.strip() if result.returncode == 0 else None
 
 
-def find_python(version: str, which: Callable[[str], str | None] = shutil.which) -> str:
-    """An interpreter of ``version`` ("3.11"): this one, else pythonX.Y on PATH."""
+def find_python(
+    version: str,
+    which: Callable[[str], str | None] = shutil.which,
+    purpose: str = "the local runner needs it for this cell; or use --runner docker",
+) -> str:
+    """An interpreter of ``version`` ("3.11"): this one, pythonX.Y on PATH, or pyenv's."""
     running = f"{sys.version_info.major}.{sys.version_info.minor}"
     if running == version:
         return sys.executable
-    candidate = which(f"python{version}")
-    if candidate and _python_version(candidate) == version:
-        return candidate
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    installed = sorted(pyenv.glob(f"{version}.*/bin/python{version}"), reverse=True)
+    for candidate in [which(f"python{version}"), *map(str, installed)]:
+        if candidate and _python_version(candidate) == version:
+            return candidate
     raise RunnerUnavailableError(
-        f"the local runner needs Python {version} for this cell, but this is Python {running} "
-        f"and no python{version} is on PATH: install Python {version}, or use --runner docker"
+        f"no Python {version} here (this is Python {running}; none on PATH as python{version} "
+        f"or under {pyenv}): install Python {version} ({purpose})"
     )
 
 
 class LocalRunner:
-    """cell_job.py with a host Python; its venvs, build dir and ccache under <cache>/local/."""
+    """The job with a host Python; its venvs, build dir and ccache under <cache>/local/."""
 
     name: RunnerName = "local"
 
-    def run(self, work: CellWork, log: CellLog) -> RunOutcome:
+    def run(self, work: CellWork, log: Reporter) -> RunOutcome:
         python = find_python(work.cell.python)
         root = work.cache_root / "local"
         job_dir = root / "work" / work.cell.name
@@ -67,6 +73,8 @@ class LocalRunner:
                 "--gpus has no effect with the local runner: "
                 "the job sees the host's GPUs as they are"
             )
-        log.step(f"runner local: {python} {Path(cell_job.__file__).name} (cache {root})")
-        status = run_streaming([python, cell_job.__file__, str(job_file)], log.line)
+        source = work.repo / "src"  # where `python -m` finds fallback_matrix.cell_job
+        log.say(f"runner local: {python} -m fallback_matrix.cell_job in {source} (cache {root})")
+        command = [python, "-m", "fallback_matrix.cell_job", str(job_file)]
+        status = run_streaming(command, log.line, cwd=source)
         return RunOutcome(exit_code=status, where=f"local Python {python}")

@@ -1,0 +1,135 @@
+"""Progress lines and subprocesses: one implementation for the host and for a cell's job.
+
+Standard library only: a job runs on a container image's bare Python. The host
+prints its tables with rich (``Reporter.table``, imported only when called).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+
+def format_elapsed(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes:02d}:{secs:02d}"
+
+
+class Reporter:
+    """Lines stamped with the time since the start (and the cell, when there is one),
+    also written to ``path`` when given; ``steps`` records the job's steps."""
+
+    def __init__(
+        self,
+        stream: IO[str] | None = None,
+        cell: str = "",
+        path: Path | None = None,
+        started: float | None = None,
+    ) -> None:
+        self.stream = stream or sys.stdout
+        self.cell, self.path = cell, path
+        self.started = time.monotonic() if started is None else started
+        self.steps: list[dict[str, Any]] = []
+        self._file: IO[str] | None = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = path.open("w", encoding="utf-8")
+
+    @contextmanager
+    def for_cell(self, cell: str, path: Path) -> Iterator[Reporter]:
+        """A reporter for one cell, whose lines also go to the cell's log file ``path``."""
+        child = Reporter(self.stream, cell, path, self.started)
+        try:
+            yield child
+        finally:
+            if child._file is not None:
+                child._file.close()
+
+    def elapsed(self) -> str:
+        return format_elapsed(time.monotonic() - self.started)
+
+    def line(self, text: str) -> None:
+        """A line as it is: a subprocess's or a container's output."""
+        print(text, file=self.stream, flush=True)
+        if self._file is not None:
+            self._file.write(text + "\n")
+            self._file.flush()
+
+    def say(self, message: str) -> None:
+        self.line(f"[+{self.elapsed()}] {self.cell + ' ' if self.cell else ''}{message}")
+
+    def warn(self, message: str) -> None:
+        self.say(f"warning: {message}")
+
+    def error(self, message: str) -> None:
+        self.line(f"error: {message}")
+
+    def rule(self, title: str) -> None:
+        self.line(f"\n{'=' * 12} {title} {'=' * 12}")
+
+    def table(self, renderable: Any) -> None:
+        from rich.console import Console
+
+        Console(file=self.stream, highlight=False, soft_wrap=True, width=120).print(renderable)
+
+    @contextmanager
+    def step(self, name: str, of: Sequence[str] = ()) -> Iterator[None]:
+        """A step of a job: announced, timed and recorded (``steps``) as ok or failed."""
+        number = f" {of.index(name) + 1}/{len(of)}" if name in of else ""
+        self.line(f"\n==> [{self.cell}] step{number}: {name}  (+{self.elapsed()})")
+        began = time.monotonic()
+        record: dict[str, Any] = {"name": name, "status": "running"}
+        self.steps.append(record)
+        try:
+            yield
+        except BaseException:
+            record.update(status="failed", seconds=round(time.monotonic() - began, 1))
+            raise
+        record.update(status="ok", seconds=round(time.monotonic() - began, 1))
+        self.line(f"<== [{self.cell}] {name}: ok in {time.monotonic() - began:.1f}s")
+
+
+def without_pip_config(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` with no pip configuration: no PIP_* variable, no config file read.
+
+    (``pip --isolated`` would still read the site-wide files: a find-links folder,
+    a constraint file.)
+    """
+    env = {key: value for key, value in environ.items() if not key.startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    return env
+
+
+def run(
+    command: Sequence[str | Path],
+    sink: Callable[[str], None],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> int:
+    """Run ``command``, stderr merged into stdout, each line to ``sink``; its exit status."""
+    with subprocess.Popen(
+        [str(part) for part in command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=dict(env) if env is not None else None,
+        cwd=cwd,
+        text=True,
+        errors="replace",
+        bufsize=1,
+    ) as process:
+        assert process.stdout is not None
+        try:
+            for text in process.stdout:
+                sink(text.rstrip("\n"))
+        except BaseException:
+            process.terminate()
+            raise
+        return process.wait()

@@ -1,0 +1,86 @@
+"""What a release publishes: the PyPI cells' wheels, checked for what PyPI and users need."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fallback_matrix import cli
+from fallback_matrix.cells import expand_cells
+from fallback_matrix.errors import MatrixError
+from fallback_matrix.model import MatrixFile
+from fallback_matrix.release import collect_dist
+
+PLAIN = "torch_fallback-0.1.0-cp311-cp311-manylinux_2_34_x86_64.whl"
+
+
+def cells(matrix_data: dict[str, Any]) -> dict[str, Any]:
+    return {cell.name: cell for cell in expand_cells(MatrixFile.model_validate(matrix_data))}
+
+
+def put(artifacts: Path, cell: str, name: str) -> None:
+    (artifacts / cell).mkdir(parents=True, exist_ok=True)
+    (artifacts / cell / name).write_bytes(b"wheel")
+
+
+def test_the_pypi_cells_wheels_go_to_dist(tmp_path: Path, matrix_data: dict[str, Any]) -> None:
+    put(tmp_path / "artifacts", "cuda", PLAIN)
+    copied = collect_dist(
+        tmp_path / "artifacts", [cells(matrix_data)["cuda"]], tmp_path / "dist", "v0.1.0"
+    )
+    assert [path.name for path in copied] == [PLAIN]
+    assert (tmp_path / "dist" / PLAIN).read_bytes() == b"wheel"
+
+
+@pytest.mark.parametrize(
+    ("wheel", "tag", "message"),
+    [
+        (
+            "torch_fallback-0.1.0+pt2141cu130-cp311-cp311-manylinux_2_34_x86_64.whl",
+            None,
+            r"local version label \+pt2141cu130 \(PyPI rejects it\)",
+        ),
+        (PLAIN, "v0.2.0", "version 0.1.0 is not the tag's v0.2.0"),
+        (
+            "torch_fallback-0.1.0-cp311-cp311-linux_x86_64.whl",
+            None,
+            "not a manylinux wheel",
+        ),
+    ],
+)
+def test_what_pypi_or_users_would_reject_is_not_published(
+    tmp_path: Path, matrix_data: dict[str, Any], wheel: str, tag: str | None, message: str
+) -> None:
+    put(tmp_path / "artifacts", "cuda", wheel)
+    with pytest.raises(MatrixError, match=message):
+        collect_dist(tmp_path / "artifacts", [cells(matrix_data)["cuda"]], tmp_path / "dist", tag)
+    assert not (tmp_path / "dist").exists()
+
+
+def test_only_cells_marked_pypi_are_published(tmp_path: Path, matrix_data: dict[str, Any]) -> None:
+    put(tmp_path / "artifacts", "cpu", PLAIN)
+    with pytest.raises(MatrixError, match="cpu is not marked pypi: true"):
+        collect_dist(tmp_path / "artifacts", [cells(matrix_data)["cpu"]], tmp_path / "dist", None)
+
+
+def test_dist_command_reads_the_tag_from_github(
+    tmp_path: Path, write_matrix: Any, matrix_data: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    matrix = write_matrix(matrix_data)
+    put(tmp_path / "artifacts", "cuda", PLAIN)
+    args = ["--matrix", str(matrix), "dist", "cuda", "--artifacts", str(tmp_path / "artifacts")]
+    args += ["--out", str(tmp_path / "dist")]
+    monkeypatch.setenv("GITHUB_REF_NAME", "v0.9.0")
+    assert cli.main(args) == cli.EXIT_USAGE  # 0.1.0 is not v0.9.0
+    monkeypatch.setenv("GITHUB_REF_NAME", "v0.1.0")
+    assert cli.main(args) == cli.EXIT_OK
+    assert (tmp_path / "dist" / PLAIN).is_file()
+
+
+def test_a_cell_without_its_wheel_says_to_build_it(
+    tmp_path: Path, matrix_data: dict[str, Any]
+) -> None:
+    with pytest.raises(MatrixError, match=r"nox -s build-cuda"):
+        collect_dist(tmp_path / "artifacts", [cells(matrix_data)["cuda"]], tmp_path / "dist", None)
