@@ -23,6 +23,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+pytestmark = pytest.mark.slow
+
 RUNS = 50
 TIMEOUT_S = 300
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 # Deterministic ops, an op that mutates an argument its schema does not mark as mutable
 # (batch norm's running stats) and a tensor-list op. Random ops run in the command-line test:

@@ -22,7 +22,10 @@ import torch_fallback.relay  # noqa: F401  (registers the relay device)
 RTOL = 1e-7
 ATOL = 1e-9
 
-pytestmark = pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning"),
+]
 
 
 def assert_matches(got: dict, expected: dict, placement) -> None:
