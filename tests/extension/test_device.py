@@ -13,6 +13,7 @@ import pickle
 
 import pytest
 import torch
+import torch.utils.checkpoint
 
 import torch_fallback.relay as relay
 
