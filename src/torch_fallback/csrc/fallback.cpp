@@ -102,16 +102,13 @@ class FallbackCall {
 
   // Before anything runs: ops whose results a backend tensor cannot hold.
   void refuse_unservable() const {
-    for (const auto& ret : schema_.returns()) {
-      const auto* alias = ret.alias_info();
-      TORCH_CHECK_NOT_IMPLEMENTED(
-          alias == nullptr || alias->isWrite(), "torch_fallback: ", full_name(),
-          " returns a view of its input, which a boxed fallback cannot give ", backend_name(),
-          ": its result would be a copy that no longer shares memory with the input. Register a "
-          "native ",
-          backend_name(), " kernel for ", full_name(),
-          " (torch_fallback::register_view_kernels covers the common views).");
-    }
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        !rules_.returns_a_view, "torch_fallback: ", full_name(),
+        " returns a view of its input, which a boxed fallback cannot give ", backend_name(),
+        ": its result would be a copy that no longer shares memory with the input. Register a "
+        "native ",
+        backend_name(), " kernel for ", full_name(),
+        " (torch_fallback::register_view_kernels covers the common views).");
     TORCH_CHECK_NOT_IMPLEMENTED(rules_.unservable_result.empty(), "torch_fallback: ",
                                 full_name(), " makes ", rules_.unservable_result,
                                 " tensors, which ", backend_name(),
@@ -229,7 +226,7 @@ class FallbackCall {
     }
     target_ = c10::Device(c10::kCPU);
     if (nested_ ? rules_.has_nested_cpu_kernel : rules_.has_cpu_kernel) return;
-    decomposition_ = cpu_decomposition(full_name());
+    decomposition_ = rules_.cpu_decomposition;
     TORCH_CHECK_NOT_IMPLEMENTED(
         decomposition_ != nullptr, "torch_fallback: ", full_name(),
         " has no CPU kernel in this PyTorch and torch_fallback has no decomposition for it, so "
@@ -590,11 +587,10 @@ void copy_between(const BackendAdapter& backend, const at::Tensor& src, const at
   if (src.device().type() == backend.device_type && dst.device().type() == backend.device_type &&
       src.storage().is_alias_of(dst.storage())) {
     // The home views are separate storages, so eager's overlap checks would not see this.
-    if (src.is_same(dst) || same_geometry(src, dst)) {
-      if (src.dtype() == dst.dtype() && src.is_conj() == dst.is_conj() &&
-          src.is_neg() == dst.is_neg()) {
-        return;
-      }
+    // A copy onto the very same elements is a no-op, as in eager.
+    if (same_geometry(src, dst) && src.dtype() == dst.dtype() &&
+        src.is_conj() == dst.is_conj() && src.is_neg() == dst.is_neg()) {
+      return;
     }
     at::assert_no_internal_overlap(dst);
     at::assert_no_partial_overlap(dst, src);

@@ -13,12 +13,11 @@ namespace {
 // zero-copy fallback sees those writes; a copying one must copy them back.
 const std::unordered_map<std::string, std::vector<std::string>>& hidden_mutation_table() {
   static const std::unordered_map<std::string, std::vector<std::string>> table{
+      // batch_norm, instance_norm and _batch_norm_impl_index are composites
+      // that reach the fallback as native_batch_norm.
       {"aten::native_batch_norm", {"running_mean", "running_var"}},
-      {"aten::_batch_norm_impl_index", {"running_mean", "running_var"}},
       {"aten::cudnn_batch_norm", {"running_mean", "running_var"}},
       {"aten::miopen_batch_norm", {"running_mean", "running_var"}},
-      {"aten::batch_norm", {"running_mean", "running_var"}},
-      {"aten::instance_norm", {"running_mean", "running_var"}},
       {"aten::_cudnn_rnn", {"dropout_state"}},
       {"aten::rrelu_with_noise", {"noise"}},
   };
@@ -72,6 +71,10 @@ std::unique_ptr<OpRules> make_rules(const c10::OperatorHandle& op) {
     if (kind == c10::TypeKind::LayoutType) rules->layout_arguments.push_back(i);
     if (kind == c10::TypeKind::GeneratorType) rules->generator_arguments.push_back(i);
   }
+  for (const auto& ret : schema.returns()) {
+    const auto* alias = ret.alias_info();
+    rules->returns_a_view = rules->returns_a_view || (alias != nullptr && !alias->isWrite());
+  }
   rules->unservable_result = unservable_result_of(rules->name);
   rules->accepts_cpu_tensors = indexing_op(rules->name);
   using c10::DispatchKey;
@@ -80,6 +83,7 @@ std::unique_ptr<OpRules> make_rules(const c10::OperatorHandle& op) {
   rules->has_nested_cpu_kernel = op.hasComputedKernelForDispatchKey(DispatchKey::NestedTensorCPU);
   rules->has_nested_cuda_kernel =
       op.hasComputedKernelForDispatchKey(DispatchKey::NestedTensorCUDA);
+  rules->cpu_decomposition = torch_fallback::cpu_decomposition(rules->full_name);
   rules->counters = metrics::counters_for(rules->full_name);
   return rules;
 }

@@ -4,6 +4,7 @@
 // backend tensor cannot hold, arguments that may stay on the CPU.
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include "decompositions.h"
 #include "metrics.h"
 
 #include <string>
@@ -24,6 +25,8 @@ struct OpRules {
   std::vector<size_t> layout_arguments;
   // Generator arguments: a backend generator is swapped for the target's.
   std::vector<size_t> generator_arguments;
+  // A return aliases an input without writing it: a view, which a fallback cannot give.
+  bool returns_a_view = false;
   // The op makes sparse or quantized tensors whatever its arguments; empty if not.
   std::string unservable_result;
   // Index tensors may stay on the CPU, as CUDA allows for indexing.
@@ -33,6 +36,8 @@ struct OpRules {
   bool has_cuda_kernel = false;
   bool has_nested_cpu_kernel = false;
   bool has_nested_cuda_kernel = false;
+  // The CPU decomposition for an op the CPU has no kernel for, or nullptr.
+  Decomposition cpu_decomposition = nullptr;
   metrics::Counters* counters = nullptr;
 
   // Whether the op is on the CPU op list (torch_fallback.set_cpu_ops); cached.
