@@ -144,12 +144,12 @@ def test_op_with_several_outputs_written_in_place(placement):
 
 
 def test_foreach_op_on_two_tensor_lists(placement):
-    # _foreach_* ops decompose (CompositeExplicitAutograd) into per-tensor ops.
+    # _foreach_* ops run whole on the target: two lists in, one list out.
     xs = [torch.randn(3), torch.randn(2, 2)]
     ys = [torch.randn(3), torch.randn(2, 2)]
     actual = torch._foreach_add([relay(x) for x in xs], [relay(y) for y in ys])
     assert_matches(actual, [x + y for x, y in zip(xs, ys, strict=True)])
-    assert_fell_back("aten::add.Tensor", placement.target)
+    assert_fell_back("aten::_foreach_add.List", placement.target)
 
 
 def test_op_mutating_several_tensor_lists(placement):

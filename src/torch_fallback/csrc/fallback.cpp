@@ -47,6 +47,18 @@ std::pair<int64_t, int64_t> byte_extent(const at::Tensor& tensor) {
   return {tensor.storage_offset() * item, (last + 1) * item};
 }
 
+void release_storage_reference(void* ctx) { delete static_cast<c10::Storage*>(ctx); }
+
+// A resizable storage over `home`'s bytes that keeps `backend` (whose memory
+// they are) alive; a resize gives it new memory and leaves both untouched.
+c10::Storage resizable_alias(const c10::Storage& backend, const c10::Storage& home) {
+  const c10::Device device = home.device();
+  c10::DataPtr data(const_cast<void*>(home.data()), new c10::Storage(backend),
+                    &release_storage_reference, device);
+  return c10::Storage(c10::Storage::use_byte_size_t(), home.nbytes(), std::move(data),
+                      c10::GetAllocator(device.type()), /*resizable=*/true);
+}
+
 // Copies of the backend storages an op reads, made once per storage so that
 // arguments which alias each other on the backend alias each other on the target.
 struct StorageCopy {
@@ -73,6 +85,7 @@ class FallbackCall {
       choose_target();
       std::optional<cuda::DeviceScope> cuda_scope;
       if (target_.is_cuda()) cuda_scope.emplace(target_.index());
+      find_written_storages();
       move_arguments_to_target();
       call_op();
       write_back_mutated_arguments();
@@ -161,23 +174,26 @@ class FallbackCall {
                 backend_name(), "').");
   }
 
+  template <typename Visit>
+  static void for_each_tensor_in(const c10::IValue& arg, Visit&& visit) {
+    if (arg.isTensor()) {
+      visit(arg.toTensor());
+    } else if (arg.isTensorList()) {
+      for (const at::Tensor& tensor : arg.toTensorList()) visit(tensor);
+    } else if (arg.isOptionalTensorList()) {
+      for (const std::optional<at::Tensor>& tensor : arg.toOptionalTensorList()) {
+        if (tensor) visit(*tensor);
+      }
+    }
+  }
+
   // Visits the tensor arguments as the caller passed them.
   template <typename Visit>
   void for_each_tensor_argument(Visit&& visit) {
     const auto args = originals_.empty()
                           ? torch::jit::last(*stack_, schema_.arguments().size())
                           : c10::ArrayRef<c10::IValue>(originals_);
-    for (const auto& arg : args) {
-      if (arg.isTensor()) {
-        visit(arg.toTensor());
-      } else if (arg.isTensorList()) {
-        for (const at::Tensor& tensor : arg.toTensorList()) visit(tensor);
-      } else if (arg.isOptionalTensorList()) {
-        for (const std::optional<at::Tensor>& tensor : arg.toOptionalTensorList()) {
-          if (tensor) visit(*tensor);
-        }
-      }
-    }
+    for (const auto& arg : args) for_each_tensor_in(arg, visit);
   }
 
   void find_backend_device() {
@@ -236,11 +252,27 @@ class FallbackCall {
   }
 
   // One home storage per backend storage, so that tensors which alias each
-  // other on the backend alias each other on the target too.
+  // other on the backend alias each other on the target too. The kernel may
+  // resize a storage the op writes (an out= argument growing): it gets a
+  // storage of its own over the same bytes, so that a resize swaps that
+  // storage's memory, never the backend's; write_back then copies back.
   const c10::Storage& home_storage(const c10::Storage& storage) {
     c10::StorageImpl* key = storage.unsafeGetStorageImpl();
     if (c10::Storage* known = home_storages_.find(key)) return *known;
-    return home_storages_.insert(key, backend_.home_storage(storage));
+    c10::Storage home = backend_.home_storage(storage);
+    if (written_storages_.find(key) != nullptr) home = resizable_alias(storage, home);
+    return home_storages_.insert(key, std::move(home));
+  }
+
+  void find_written_storages() {
+    const size_t first = stack_->size() - schema_.arguments().size();
+    for (size_t i : rules_.written_arguments) {
+      for_each_tensor_in((*stack_)[first + i], [this](const at::Tensor& tensor) {
+        if (!is_backend(tensor) || tensor.is_nested()) return;
+        c10::StorageImpl* key = tensor.storage().unsafeGetStorageImpl();
+        if (written_storages_.find(key) == nullptr) written_storages_.insert(key, true);
+      });
+    }
   }
 
   bool is_backend(const at::Tensor& tensor) const {
@@ -540,6 +572,7 @@ class FallbackCall {
   Decomposition decomposition_ = nullptr;
   SmallMap<c10::StorageImpl*, c10::Storage> home_storages_;
   SmallMap<c10::StorageImpl*, bool> shared_storages_;
+  SmallMap<c10::StorageImpl*, bool> written_storages_;
   SmallMap<c10::StorageImpl*, StorageCopy, 2> storage_copies_;
   SmallMap<c10::TensorImpl*, at::Tensor> targets_;
   c10::SmallVector<c10::IValue, 8> originals_;

@@ -5,6 +5,12 @@
 #include <mutex>
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/native/transformers/attention.h>
+#include <ATen/SDPBackend.h>
+#include <ATen/ops/_fused_sdp_choice.h>
+#include <torch_fallback/cuda.h>
+
+#include "settings.h"
 
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
@@ -37,6 +43,38 @@ at::Tensor unfold(const at::Tensor& self, int64_t dimension, int64_t size, int64
   return at::native::unfold(self, dimension, size, step);
 }
 
+bool returns_a_view(const c10::FunctionSchema& schema) {
+  for (const auto& ret : schema.returns()) {
+    if (ret.alias_info() != nullptr && !ret.alias_info()->isWrite()) return true;
+  }
+  return false;
+}
+
+bool runs_on_cuda() {
+  return target() == Target::Cuda || (target() == Target::Auto && cuda::device_count() > 0);
+}
+
+// scaled_dot_product_attention asks this stub which attention kernel to run.
+// Without it a third-party device gets the math path (a dozen ops and their
+// backwards); with it, the target's own choice, made by the target's
+// _fused_sdp_choice on the backend's tensors (through the fallback).
+template <typename Fn>
+struct SdpChoice;
+template <typename... Args>
+struct SdpChoice<int64_t (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, Args...)> {
+  static int64_t choose(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                        Args... rest) {
+    constexpr auto math = static_cast<int64_t>(at::SDPBackend::math);
+    if (query.is_nested() || key.is_nested() || value.is_nested()) return math;
+    const int64_t choice = at::_fused_sdp_choice(query, key, value, rest...);
+    // For any device but CUDA, the flash choice runs the CPU's flash kernel.
+    const bool flash_on_cuda =
+        choice == static_cast<int64_t>(at::SDPBackend::flash_attention) && runs_on_cuda();
+    return flash_on_cuda ? math : choice;
+  }
+};
+using SdpChoiceFn = at::native::_fused_sdp_choice_stub_DECLARE_DISPATCH_type::FnPtr;
+
 }  // namespace
 
 void register_view_kernels(torch::Library& aten) {
@@ -48,19 +86,26 @@ void register_view_kernels(torch::Library& aten) {
   aten.impl("view_as_complex", TORCH_FN(at::native::view_as_complex));
 }
 
-// Ops with their own CPU kernel and a composite one that other devices take:
-// the composite may check less (addr_ on a 0-dim self) or compute differently.
-std::vector<std::string> ops_with_cpu_and_composite_kernels() {
+// Ops with their own CPU or CUDA kernel and a composite one that other devices
+// take: the composite may check less (addr_ on a 0-dim self) or compute
+// differently. And the _foreach_ ops, whose composite kernels run one op per
+// tensor of the list: one fallback call each on the backend, where CUDA's
+// kernels launch a few.
+std::vector<std::string> ops_with_target_and_composite_kernels() {
   std::vector<std::string> names;
   auto& dispatcher = c10::Dispatcher::singleton();
   for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
     if (name.name.rfind("aten::", 0) != 0) continue;
     const auto op = dispatcher.findOp(name);
-    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+    const bool foreach_op = name.name.rfind("aten::_foreach_", 0) == 0;
+    if (!op ||
+        !(foreach_op || op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+          op->hasKernelForDispatchKey(c10::DispatchKey::CUDA)) ||
         !(op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
           op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional))) {
       continue;
     }
+    if (returns_a_view(op->schema())) continue;  // a backend registers views natively
     const std::string bare = name.name.substr(6);
     names.push_back(name.overload_name.empty() ? bare : bare + "." + name.overload_name);
   }
@@ -84,13 +129,17 @@ const std::vector<std::string>& ops_run_whole() {
         // refuses them, so .to(backend) of a sparse tensor fails there.
         "_sparse_compressed_tensor_unsafe", "_sparse_coo_tensor_unsafe",
     };
-    for (auto& name : ops_with_cpu_and_composite_kernels()) names.push_back(std::move(name));
+    for (auto& name : ops_with_target_and_composite_kernels()) names.push_back(std::move(name));
     return names;
   }();
   return names;
 }
 
 namespace detail {
+
+void register_sdp_choice() {
+  at::native::_fused_sdp_choice_stub.set_privateuse1_dispatch_ptr(&SdpChoice<SdpChoiceFn>::choose);
+}
 
 void register_math_bit_fallthroughs() {
   static std::once_flag once;

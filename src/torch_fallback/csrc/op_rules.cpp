@@ -38,7 +38,11 @@ std::string unservable_result_of(const std::string& name) {
   return {};
 }
 
-bool indexing_op(const std::string& name) {
+// Ops whose CUDA kernels take CPU tensors besides CUDA ones: indexing takes CPU
+// indices, and the _foreach_ ops take CPU scalars and fall back to one op per
+// tensor for lists they cannot fuse.
+bool takes_cpu_tensors(const std::string& name) {
+  if (starts_with(name, "aten::_foreach_")) return true;
   for (const char* op : {"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl",
                          "aten::_index_put_impl_", "aten::_unsafe_index", "aten::_unsafe_index_put"}) {
     if (name == op) return true;
@@ -63,6 +67,12 @@ std::unique_ptr<OpRules> make_rules(const c10::OperatorHandle& op) {
     }
   }
   for (size_t i = 0; i < args.size(); ++i) {
+    const auto* alias = args[i].alias_info();
+    if (alias != nullptr && alias->isWrite()) rules->written_arguments.push_back(i);
+  }
+  rules->written_arguments.insert(rules->written_arguments.end(), rules->hidden_mutations.begin(),
+                                  rules->hidden_mutations.end());
+  for (size_t i = 0; i < args.size(); ++i) {
     const auto& type = args[i].real_type();
     const auto kind = type->kind() == c10::TypeKind::OptionalType
                           ? type->expectRef<c10::OptionalType>().getElementType()->kind()
@@ -76,7 +86,7 @@ std::unique_ptr<OpRules> make_rules(const c10::OperatorHandle& op) {
     rules->returns_a_view = rules->returns_a_view || (alias != nullptr && !alias->isWrite());
   }
   rules->unservable_result = unservable_result_of(rules->name);
-  rules->accepts_cpu_tensors = indexing_op(rules->name);
+  rules->accepts_cpu_tensors = takes_cpu_tensors(rules->name);
   using c10::DispatchKey;
   rules->has_cpu_kernel = op.hasComputedKernelForDispatchKey(DispatchKey::CPU);
   rules->has_cuda_kernel = op.hasComputedKernelForDispatchKey(DispatchKey::CUDA);

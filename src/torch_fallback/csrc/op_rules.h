@@ -19,6 +19,8 @@ struct OpRules {
   // Arguments that kernels mutate although the schema does not mark them (a!):
   // native_batch_norm's running statistics, for instance.
   std::vector<size_t> hidden_mutations;
+  // Every argument the op writes: the schema's (a!) ones and the hidden mutations.
+  std::vector<size_t> written_arguments;
   // ScalarType arguments: a quantized dtype there makes a quantized result.
   std::vector<size_t> dtype_arguments;
   // Layout arguments: a sparse or mkldnn layout there makes such a result.
@@ -29,7 +31,7 @@ struct OpRules {
   bool returns_a_view = false;
   // The op makes sparse or quantized tensors whatever its arguments; empty if not.
   std::string unservable_result;
-  // Index tensors may stay on the CPU, as CUDA allows for indexing.
+  // CPU tensors may come with backend tensors, as CUDA allows for indexing and _foreach_ ops.
   bool accepts_cpu_tensors = false;
   // Kernels for the targets, dense and nested (computed: composites count).
   bool has_cpu_kernel = false;

@@ -1,9 +1,11 @@
 #pragma once
-// A map for the handful of entries one fallback call needs (its tensors and
-// storages): a linear search over inline storage beats hashing and never
-// allocates for the common op.
+// A map for the entries one fallback call needs (its tensors and storages):
+// a linear search over inline storage beats hashing and never allocates for
+// the common op; past kLinear entries (a _foreach_ op's lists) a hash index
+// keeps lookups constant-time.
 #include <c10/util/SmallVector.h>
 
+#include <unordered_map>
 #include <utility>
 
 namespace torch_fallback {
@@ -12,14 +14,26 @@ template <typename Key, typename Value, unsigned N = 4>
 class SmallMap {
  public:
   Value* find(const Key& key) {
+    if (!index_.empty()) {
+      const auto it = index_.find(key);
+      return it == index_.end() ? nullptr : &entries_[it->second].second;
+    }
     for (auto& entry : entries_) {
       if (entry.first == key) return &entry.second;
     }
     return nullptr;
   }
 
+  // References into the map last until the next insert.
   Value& insert(const Key& key, Value value) {
     entries_.emplace_back(key, std::move(value));
+    if (entries_.size() > kLinear) {
+      if (index_.empty()) {
+        for (size_t i = 0; i < entries_.size(); ++i) index_.emplace(entries_[i].first, i);
+      } else {
+        index_.emplace(key, entries_.size() - 1);
+      }
+    }
     return entries_.back().second;
   }
 
@@ -27,7 +41,9 @@ class SmallMap {
   auto end() { return entries_.end(); }
 
  private:
+  static constexpr size_t kLinear = 16;
   c10::SmallVector<std::pair<Key, Value>, N> entries_;
+  std::unordered_map<Key, size_t> index_;
 };
 
 }  // namespace torch_fallback

@@ -102,6 +102,9 @@ namespace detail {
 // _copy_from and _copy_from_and_resize see the conjugate and negative bits
 // themselves; registered once, by the first backend.
 TORCH_FALLBACK_API void register_math_bit_fallthroughs();
+// scaled_dot_product_attention on PrivateUse1 tensors runs the fused attention
+// kernel the fallback's target would choose, not the math path.
+TORCH_FALLBACK_API void register_sdp_choice();
 
 template <const BackendAdapter& (*Adapter)()>
 struct CopyKernels {
@@ -119,11 +122,13 @@ struct CopyKernels {
 
 // Everything torch-fallback can give a backend besides the fallback itself,
 // for TORCH_LIBRARY_IMPL(aten, <key>, m): the views, _copy_from and
-// _copy_from_and_resize, and the ops run whole. The backend still owns its
-// memory: empty.memory_format, empty_strided and resize_.
+// _copy_from_and_resize, the ops run whole, and (for PrivateUse1) the choice of
+// the fused attention kernel. The backend still owns its memory:
+// empty.memory_format, empty_strided and resize_.
 template <const BackendAdapter& (*Adapter)()>
 void register_kernels(torch::Library& aten) {
   detail::register_math_bit_fallthroughs();
+  if (Adapter().device_type == c10::DeviceType::PrivateUse1) detail::register_sdp_choice();
   register_view_kernels(aten);
   aten.impl("_copy_from", TORCH_FN(detail::CopyKernels<Adapter>::copy_from));
   aten.impl("_copy_from_and_resize", TORCH_FN(detail::CopyKernels<Adapter>::copy_from_and_resize));

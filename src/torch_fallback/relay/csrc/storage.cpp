@@ -36,38 +36,47 @@ void count_allocation(c10::DeviceIndex index, int64_t nbytes) {
   }
 }
 
-// What a relay DataPtr's context holds: the memory's owner and its size.
+// What a relay DataPtr's context holds: the CPU or CUDA storage that owns the
+// memory (allocated for relay, or a result relay took over), which is also the
+// storage the fallback runs kernels on, so that a call allocates none.
 struct Block {
-  c10::DataPtr memory;  // host memory (alloc_cpu) or the CUDA caching allocator's
-  c10::Storage adopted;  // or a CPU or CUDA storage whose memory relay took over
-  int64_t nbytes;
+  c10::Storage home;
   c10::DeviceIndex index;
-  ~Block() { g_counters[index].allocated.fetch_sub(nbytes, std::memory_order_relaxed); }
+  Block(c10::Storage home_storage, c10::DeviceIndex device_index)
+      : home(std::move(home_storage)), index(device_index) {
+    count_allocation(index, static_cast<int64_t>(home.nbytes()));
+  }
+  ~Block() {
+    g_counters[index].allocated.fetch_sub(static_cast<int64_t>(home.nbytes()),
+                                          std::memory_order_relaxed);
+  }
 };
 
-// The deleters double as home tags: a storage's home is read off its deleter.
-void free_host(void* ctx) { delete static_cast<Block*>(ctx); }
-void free_cuda(void* ctx) { delete static_cast<Block*>(ctx); }
-void release_adopted_host(void* ctx) { delete static_cast<Block*>(ctx); }
-void release_adopted_cuda(void* ctx) { delete static_cast<Block*>(ctx); }
-void release_home_view(void* ctx) { delete static_cast<c10::Storage*>(ctx); }
+// The deleter doubles as a tag: a relay storage with it has a Block.
+void release_block(void* ctx) { delete static_cast<Block*>(ctx); }
+void release_backend_storage(void* ctx) { delete static_cast<c10::Storage*>(ctx); }
+
+const Block* block_of(const c10::Storage& storage) {
+  if (storage.data_ptr().get_deleter() != &release_block) return nullptr;
+  return static_cast<const Block*>(storage.data_ptr().get_context());
+}
 
 c10::Device relay_device(c10::DeviceIndex index) {
   return c10::Device(c10::DeviceType::PrivateUse1, index);
 }
 
-c10::DataPtr relay_data_ptr(Block* block, void* data, c10::DeleterFnPtr deleter) {
-  count_allocation(block->index, block->nbytes);
-  return {data, block, deleter, relay_device(block->index)};
+c10::DataPtr relay_data_ptr(c10::Storage home, c10::DeviceIndex index) {
+  void* data = home.mutable_data();
+  return {data, new Block(std::move(home), index), &release_block, relay_device(index)};
+}
+
+c10::Storage storage_from(c10::Allocator* allocator, size_t nbytes) {
+  return c10::Storage(c10::Storage::use_byte_size_t(), nbytes, allocator->allocate(nbytes),
+                      allocator, /*resizable=*/false);
 }
 
 c10::DataPtr allocate_on(Home home, c10::DeviceIndex index, size_t nbytes) {
-  if (home == Home::Host) {
-    void* ptr = nbytes == 0 ? nullptr : c10::alloc_cpu(nbytes);
-    auto* block = new Block{c10::DataPtr(ptr, ptr, &c10::free_cpu, c10::Device(c10::kCPU)), {},
-                            static_cast<int64_t>(nbytes), index};
-    return relay_data_ptr(block, ptr, &free_host);
-  }
+  if (home == Home::Host) return relay_data_ptr(storage_from(c10::GetCPUAllocator(), nbytes), index);
   cuda::check_usable("a relay tensor with home 'cuda' (TORCH_FALLBACK_RELAY_HOME=cuda)");
   TORCH_CHECK(index < cuda::device_count(), "torch_fallback: relay:", static_cast<int>(index),
               " homes its memory on cuda:", static_cast<int>(index), ", but only ",
@@ -75,9 +84,7 @@ c10::DataPtr allocate_on(Home home, c10::DeviceIndex index, size_t nbytes) {
   // The CUDA caching allocator exists once CUDA is initialised; no CUDA op may have run yet.
   at::globalContext().lazyInitDevice(c10::kCUDA);
   c10::DeviceGuard guard(c10::Device(c10::kCUDA, index));
-  auto* block = new Block{c10::GetAllocator(c10::kCUDA)->allocate(nbytes), {},
-                          static_cast<int64_t>(nbytes), index};
-  return relay_data_ptr(block, block->memory.get(), &free_cuda);
+  return relay_data_ptr(storage_from(c10::GetAllocator(c10::kCUDA), nbytes), index);
 }
 
 // The device whose memory `ptr` points into: a GPU's, or the host's.
@@ -142,9 +149,9 @@ Home home_of(const c10::Storage& storage) {
     // written; give it its own memory, so that it has a home of its own.
     storage.unsafeGetStorageImpl()->mutable_data_ptr();
   }
-  const auto deleter = storage.data_ptr().get_deleter();
-  if (deleter == &free_cuda || deleter == &release_adopted_cuda) return Home::Cuda;
-  if (deleter == &free_host || deleter == &release_adopted_host) return Home::Host;
+  if (const Block* block = block_of(storage)) {
+    return block->home.device().is_cuda() ? Home::Cuda : Home::Host;
+  }
   // Memory relay did not allocate: a relay tensor made with from_blob (as
   // torch.save does to copy a storage to the host). The pointer tells.
   return device_of_pointer(storage.data()).is_cuda() ? Home::Cuda : Home::Host;
@@ -157,14 +164,16 @@ c10::Device home_device(const c10::Storage& storage) {
 
 c10::Storage home_storage(const c10::Storage& storage) {
   const c10::Device device = home_device(storage);
-  // Resizable through the home device's allocator, so that an out= argument
-  // may grow; the fallback then sees the new memory and copies back.
-  c10::Allocator* home_allocator =
-      device.is_cpu() ? c10::GetCPUAllocator() : c10::GetAllocator(c10::kCUDA);
+  const Block* block = block_of(storage);
+  if (block != nullptr && block->home.data() == storage.data() &&
+      block->home.nbytes() == storage.nbytes()) {
+    return block->home;
+  }
+  // Memory relay does not own: a view that keeps the relay storage alive.
   c10::DataPtr data(const_cast<void*>(storage.data()), new c10::Storage(storage),
-                    &release_home_view, device);
+                    &release_backend_storage, device);
   return c10::Storage(c10::Storage::use_byte_size_t(), storage.nbytes(), std::move(data),
-                      home_allocator, /*resizable=*/true);
+                      c10::GetAllocator(device.type()), /*resizable=*/false);
 }
 
 c10::Device output_home(c10::DeviceIndex index) {
@@ -175,11 +184,8 @@ c10::Device output_home(c10::DeviceIndex index) {
 
 at::Tensor adopt(const at::Tensor& home_tensor, c10::DeviceIndex index) {
   const c10::Storage& source = home_tensor.storage();
-  auto* block = new Block{{}, source, static_cast<int64_t>(source.nbytes()), index};
-  c10::DataPtr data = relay_data_ptr(
-      block, const_cast<void*>(source.data()),
-      home_tensor.is_cuda() ? &release_adopted_cuda : &release_adopted_host);
-  c10::Storage storage(c10::Storage::use_byte_size_t(), source.nbytes(), std::move(data),
+  const size_t nbytes = source.nbytes();
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, relay_data_ptr(source, index),
                        allocator(), /*resizable=*/true);
   auto tensor = at::detail::make_tensor<c10::TensorImpl>(
       std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),

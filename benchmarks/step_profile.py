@@ -1,0 +1,162 @@
+"""Where a training step's time goes, relay against native: the profiler's breakdown.
+
+For one model and dtype of training_workloads.py, each side (its own process; the
+native side never imports torch_fallback, pytorch/pytorch#161129) reports:
+  wall       median ms of a step, synchronized
+  host       median ms to issue a step (no synchronize; the GPU may still run)
+  gpu        ms of GPU kernels per step and their count (torch.profiler, CUDA only)
+  kernels    the GPU kernels by total time, to spot a different kernel choice
+  ops        host time per aten op (self CPU time, torch.profiler)
+  fallback   relay only: calls and ms inside the fallback per op (torch_fallback.metrics)
+
+    python benchmarks/step_profile.py --device cuda --model cnn --json p.json
+    python benchmarks/step_profile.py --device cpu --small --model transformer
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import training_workloads as workloads
+
+TOP = 12
+
+
+def issue_and_wall_ms(step, sync, repeats: int) -> tuple[float, float]:
+    issue, wall = [], []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        step()
+        issued = time.perf_counter()
+        sync()
+        issue.append((issued - start) * 1e3)
+        wall.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(issue), statistics.median(wall)
+
+
+def profile(step, sync, uses_cuda: bool, steps: int) -> dict:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if uses_cuda else [])
+    with torch_profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        sync()
+    ops: dict[str, float] = {}
+    kernels: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type.name == "CUDA":
+            entry = kernels.setdefault(event.name[:60], [0, 0.0])
+            entry[0] += 1
+            entry[1] += event.device_time / 1e3 / steps
+        elif event.name.startswith("aten::"):
+            ops[event.name] = ops.get(event.name, 0.0) + event.self_cpu_time_total / 1e3 / steps
+    return {
+        "gpu_ms": sum(v[1] for v in kernels.values()),
+        "gpu_kernels": sum(v[0] for v in kernels.values()) / steps,
+        "kernels": dict(sorted(kernels.items(), key=lambda kv: -kv[1][1])[:TOP]),
+        "ops_ms": dict(sorted(ops.items(), key=lambda kv: -kv[1])[:TOP]),
+        "ops_total_ms": sum(ops.values()),
+    }
+
+
+def side_main(args: argparse.Namespace) -> int:
+    uses_cuda = args.device == "cuda"
+    device = args.device
+    fallback = None
+    if args.side == "relay":
+        import torch_fallback
+        import torch_fallback.relay
+
+        torch_fallback.set_target(args.device)
+        torch_fallback.set_cuda_sync("stream")
+        torch_fallback.relay.set_home(args.device)
+        device, fallback = "relay", torch_fallback
+    spec = {"name": args.model, "dtype": args.dtype, "device": device, "config": args.side}
+    args.budget = 0.2
+    _, step = workloads.train_step(spec, args, workloads.make_sync(uses_cuda))
+    sync = workloads.make_sync(uses_cuda)
+    issue, wall = issue_and_wall_ms(step, sync, args.repeats)
+    row = {"side": args.side, "issue_ms": issue, "wall_ms": wall}
+    row |= profile(step, sync, uses_cuda, steps=3)
+    if fallback is not None:
+        fallback.reset_metrics()
+        step()
+        sync()
+        per_op = sorted(fallback.metrics().items(), key=lambda kv: -kv[1].time_ns)
+        row["fallback_calls"] = sum(m.calls for _, m in per_op)
+        row["fallback_ms"] = sum(m.time_ns / 1e6 for _, m in per_op)
+        row["fallback"] = {name: [m.calls, m.time_ns / 1e6] for name, m in per_op[:TOP]}
+    print("@@row " + json.dumps(row), flush=True)
+    return 0
+
+
+def run_side(side: str, argv: list[str]) -> dict:
+    command = [sys.executable, __file__, *argv, "--side", side]
+    done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True)
+    rows = [line for line in done.stdout.splitlines() if line.startswith("@@row ")]
+    return json.loads(rows[-1][len("@@row ") :])
+
+
+def render(rows: dict[str, dict], meta: dict) -> str:
+    native, relay = rows["native"], rows["relay"]
+    lines = [f"{meta['model']} {meta['dtype']}, device {meta['device']}, torch {meta['torch']}"]
+    lines.append(f"{'per step':<34}{'native':>10}{'relay':>10}{'relay-native':>14}")
+    for key, label in [("wall_ms", "wall ms (synchronized)"), ("issue_ms", "host ms to issue"),
+                       ("gpu_ms", "GPU kernel ms"), ("gpu_kernels", "GPU kernels"),
+                       ("ops_total_ms", "aten self CPU ms (profiled)")]:  # fmt: skip
+        a, b = native[key], relay[key]
+        if key.startswith("gpu") and not relay["gpu_kernels"]:
+            # With a PrivateUse1 backend registered, the profiler records no CUDA kernels.
+            lines.append(f"{label:<34}{a:>10.3f}{'n/a':>10}")
+            continue
+        lines.append(f"{label:<34}{a:>10.3f}{b:>10.3f}{b - a:>+14.3f}")
+    lines.append(f"fallback: {relay['fallback_calls']} calls, {relay['fallback_ms']:.3f} ms inside")
+    for title, key in [("GPU kernels by time (count, ms)", "kernels"),
+                       ("aten ops by self CPU ms", "ops_ms")]:  # fmt: skip
+        for side, row in rows.items():
+            lines.append(f"\n{side}: {title}")
+            for name, value in row[key].items():
+                counted = isinstance(value, list)
+                shown = f"{value[0]:6.0f} {value[1]:8.3f}" if counted else f"{value:8.3f}"
+                lines.append(f"  {name:<62}{shown}")
+    lines.append("\nrelay: fallback ops by time inside the fallback (calls, ms)")
+    for name, (calls, ms) in relay["fallback"].items():
+        lines.append(f"  {name:<62}{calls:6d} {ms:8.3f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    parser.add_argument("--model", choices=sorted(workloads.MODELS), default="cnn")
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--small", action="store_true", help="small models (for CPU hosts)")
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--json", help="write results here")
+    parser.add_argument("--side", choices=("native", "relay"), help=argparse.SUPPRESS)
+    args, _ = parser.parse_known_args(argv)
+    if args.side:
+        return side_main(args)
+    forwarded = [a for a in (argv if argv is not None else sys.argv[1:])]
+    rows = {side: run_side(side, forwarded) for side in ("native", "relay")}
+    import torch
+
+    meta = {"model": args.model, "dtype": args.dtype, "device": args.device,
+            "torch": torch.__version__}  # fmt: skip
+    print(render(rows, meta))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""Ops that eager runs as one fused kernel reach the fallback as one op.
+
+A composite kernel serves any device without a kernel of its own, so on relay an
+op such as _foreach_add_ (one kernel launch per list on CUDA) would become one
+fallback call per tensor, and scaled_dot_product_attention would take the math
+path (a dozen ops and their backwards) instead of the target's attention kernel.
+These tests check that relay runs such ops whole on the target, and that the
+results are eager's.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from checks import assert_fell_back
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import torch_fallback
+import torch_fallback.relay
+
+pytestmark = pytest.mark.usefixtures("placement")
+
+FUSED_ATTENTION = (
+    "aten::_scaled_dot_product_flash_attention_for_cpu",
+    "aten::_scaled_dot_product_efficient_attention",
+    "aten::_scaled_dot_product_cudnn_attention",
+)
+
+
+def relay_copy(tensors):
+    return [t.to("relay") for t in tensors]
+
+
+def fallback_ops() -> dict[str, int]:
+    return {name: m.calls for name, m in torch_fallback.metrics().items()}
+
+
+def assert_all_close(actual, expected, **tolerance) -> None:
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected, strict=True):
+        assert a.device.type == "relay"
+        torch.testing.assert_close(a.cpu(), e.cpu(), **tolerance)
+
+
+def test_foreach_ops_run_whole_one_call_per_list(placement):
+    xs = [torch.randn(3), torch.randn(2, 2), torch.randn(5)]
+    ys = [torch.randn(3), torch.randn(2, 2), torch.randn(5)]
+    rx, ry = relay_copy(xs), relay_copy(ys)
+    torch_fallback.reset_metrics()
+    summed = torch._foreach_add(rx, ry, alpha=2.0)
+    torch._foreach_mul_(rx, [0.5, 2.0, -1.0])  # in place, a scalar list
+    torch._foreach_addcdiv_(rx, ry, summed, 0.25)
+    calls = fallback_ops()
+    assert calls == {
+        "aten::_foreach_add.List": 1,
+        "aten::_foreach_mul_.ScalarList": 1,
+        "aten::_foreach_addcdiv_.Scalar": 1,
+    }, f"expected one fallback call per _foreach_ op, saw {calls}"
+    expected_sum = torch._foreach_add(xs, ys, alpha=2.0)
+    torch._foreach_mul_(xs, [0.5, 2.0, -1.0])
+    torch._foreach_addcdiv_(xs, ys, expected_sum, 0.25)
+    assert_all_close(summed, expected_sum)
+    assert_all_close(rx, xs)
+
+
+def test_foreach_op_with_a_cpu_scalar_tensor(placement):
+    xs = [torch.randn(4), torch.randn(2, 3)]
+    rx = relay_copy(xs)
+    step = torch.tensor(3.0)  # on the CPU, as optimizers keep their step counts
+    torch._foreach_mul_(rx, step)
+    torch._foreach_mul_(xs, step)
+    assert_all_close(rx, xs)
+    assert_fell_back("aten::_foreach_mul_.Tensor", placement.target)
+
+
+@pytest.mark.parametrize("optimizer", ["AdamW", "Adam", "SGD"])
+def test_foreach_optimizer_steps_match_eager_with_few_fallback_calls(placement, optimizer):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2)).double()
+    relay_model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2)).double().to("relay")
+    relay_model.load_state_dict(model.state_dict())
+    make = getattr(torch.optim, optimizer)
+    kwargs = {"lr": 0.1, "foreach": True} | ({"momentum": 0.9} if optimizer == "SGD" else {})
+    inputs = torch.randn(5, 6, dtype=torch.double)
+    for net, device in ((model, "cpu"), (relay_model, "relay")):
+        opt = make(net.parameters(), **kwargs)
+        for step in range(3):
+            opt.zero_grad()
+            net(inputs.to(device)).square().sum().backward()
+            if step == 2 and device == "relay":
+                torch_fallback.reset_metrics()
+            opt.step()
+    calls = fallback_ops()
+    per_tensor = {name for name in calls if not name.startswith("aten::_foreach_")}
+    assert not per_tensor, f"the {optimizer} step ran per-tensor ops through the fallback: {calls}"
+    assert_all_close(list(relay_model.parameters()), list(model.parameters()))
+
+
+def attention_inputs(dtype: torch.dtype):
+    torch.manual_seed(0)
+    return [torch.randn(2, 4, 16, 32, dtype=dtype, requires_grad=True) for _ in range(3)]
+
+
+def run_attention(q, k, v, causal: bool):
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    return [out, *grads]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_attention_runs_the_targets_fused_kernel(placement, causal):
+    dtype = torch.float32
+    q, k, v = attention_inputs(dtype)
+    relay_inputs = [t.detach().to("relay").requires_grad_() for t in (q, k, v)]
+    torch_fallback.reset_metrics()
+    fused = run_attention(*relay_inputs, causal)
+    calls = fallback_ops()
+    used = [name for name in FUSED_ATTENTION if name in calls]
+    assert used, f"scaled_dot_product_attention did not take a fused kernel on relay: {calls}"
+    assert "aten::bmm" not in calls and "aten::_softmax" not in calls, calls
+    # The math path, on relay (as before) and in eager on the CPU, is the reference.
+    with sdpa_kernel(SDPBackend.MATH):
+        torch_fallback.reset_metrics()
+        math = run_attention(*relay_inputs, causal)
+        assert not any(name in fallback_ops() for name in FUSED_ATTENTION)
+        eager = run_attention(q, k, v, causal)
+    tolerance = {"rtol": 1e-4, "atol": 1e-4}
+    assert_all_close(fused, [m.detach() for m in math], **tolerance)
+    assert_all_close(fused, eager, **tolerance)
+
+
+def test_attention_with_a_boolean_mask_matches_eager(placement):
+    q, k, v = attention_inputs(torch.float32)
+    mask = torch.rand(16, 16) > 0.3
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    relay_inputs = relay_copy([q.detach(), k.detach(), v.detach()])
+    got = F.scaled_dot_product_attention(*relay_inputs, attn_mask=mask.to("relay"))
+    torch.testing.assert_close(got.cpu(), expected.detach(), rtol=1e-4, atol=1e-4)
