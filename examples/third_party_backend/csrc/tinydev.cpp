@@ -86,15 +86,14 @@ c10::Device home_device(const c10::Storage& storage) {
   return c10::Device(c10::kCPU);
 }
 
-// A CPU storage over the same bytes, keeping the tinydev storage alive. It is
-// resizable through the CPU allocator so that an out= argument may grow; the
-// fallback then copies the new bytes back.
+// A CPU storage over the same bytes, keeping the tinydev storage alive. (An
+// out= argument that must grow gets a resizable storage from the fallback.)
 c10::Storage home_storage(const c10::Storage& storage) {
   check_tinydev_storage(storage);
   c10::DataPtr data(const_cast<void*>(storage.data()), new c10::Storage(storage),
                     &release_home_view, c10::Device(c10::kCPU));
   return c10::Storage(c10::Storage::use_byte_size_t(), storage.nbytes(), std::move(data),
-                      c10::GetCPUAllocator(), /*resizable=*/true);
+                      c10::GetCPUAllocator(), /*resizable=*/false);
 }
 
 // Results of the fallback are made on the CPU, then adopted.

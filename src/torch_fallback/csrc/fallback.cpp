@@ -365,10 +365,10 @@ class FallbackCall {
         return to_target(buffer);
       }));
     }
-    const c10::Device home = backend_.home_device(tensor.storage());
-    return targets_.insert(key, home == target_
-                                    ? tensor_over(home_storage(tensor.storage()), home, tensor)
-                                    : copy_to_target(tensor, home));
+    const c10::Storage& home = home_storage(tensor.storage());
+    const c10::Device device = home.device();
+    if (device == target_) return targets_.insert(key, tensor_over(home, device, tensor));
+    return targets_.insert(key, copy_to_target(tensor, device));
   }
 
   at::Tensor to_backend(const at::Tensor& tensor) {
@@ -432,7 +432,8 @@ class FallbackCall {
         }
       }
     }
-    on_target_.assign(stack_->begin() + first, stack_->end());
+    // What the kernel writes, for write_back (the kernel's outputs replace the stack).
+    if (!rules_.written_arguments.empty()) on_target_.assign(stack_->begin() + first, stack_->end());
   }
 
   void call_op() {

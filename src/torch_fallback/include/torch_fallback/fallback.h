@@ -46,7 +46,10 @@ struct BackendAdapter {
   c10::DeviceType device_type;
   // The device whose memory holds a backend storage: the CPU or a CUDA GPU.
   c10::Device (*home_device)(const c10::Storage& storage);
-  // A storage on the home device sharing the backend storage's bytes.
+  // A storage on the home device sharing the backend storage's bytes. It may be
+  // the same storage at every call (one kept with the backend storage): the
+  // fallback never resizes it, and gives arguments an op writes a resizable
+  // storage of their own over the same bytes.
   c10::Storage (*home_storage)(const c10::Storage& storage);
   // The home device for new backend tensors on backend device `index`.
   c10::Device (*output_home)(c10::DeviceIndex index);

@@ -162,13 +162,20 @@ c10::Device home_device(const c10::Storage& storage) {
   return c10::Device(c10::kCUDA, storage.device().index());
 }
 
-c10::Storage home_storage(const c10::Storage& storage) {
-  const c10::Device device = home_device(storage);
+// The storage a Block keeps, while it still holds the relay storage's bytes.
+const c10::Storage* kept_home(const c10::Storage& storage) {
   const Block* block = block_of(storage);
-  if (block != nullptr && block->home.data() == storage.data() &&
-      block->home.nbytes() == storage.nbytes()) {
-    return block->home;
+  if (block == nullptr || block->home.data() != storage.data() ||
+      block->home.nbytes() != storage.nbytes()) {
+    return nullptr;
   }
+  return &block->home;
+}
+
+c10::Storage home_storage(const c10::Storage& storage) {
+  if (const c10::Storage* kept = kept_home(storage)) return *kept;
+  const c10::Device device = home_device(storage);  // gives a lazy clone memory of its own
+  if (const c10::Storage* kept = kept_home(storage)) return *kept;
   // Memory relay does not own: a view that keeps the relay storage alive.
   c10::DataPtr data(const_cast<void*>(storage.data()), new c10::Storage(storage),
                     &release_backend_storage, device);
