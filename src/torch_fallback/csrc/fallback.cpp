@@ -10,6 +10,7 @@
 #include <ATen/NestedTensorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/_copy_from_and_resize.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -90,8 +91,14 @@ class FallbackCall {
       call_op();
       write_back_mutated_arguments();
       move_returns_to_backend();
+      wait_for_queued_copies();
     } catch (...) {
       call_.failed = true;
+      try {
+        wait_for_queued_copies();
+      } catch (...) {
+        // The op's own error is the one to report.
+      }
       finish(start);
       throw;
     }
@@ -318,7 +325,7 @@ class FallbackCall {
             c10::DispatchKeySet(home.is_cuda() ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU),
             caffe2::TypeMeta::Make<uint8_t>())
             .as_strided({end - first}, {1}, first);
-    const at::Tensor on_target = home_bytes.to(target_, /*non_blocking=*/false, /*copy=*/true);
+    const at::Tensor on_target = copied_to_target(home_bytes);
     call_.bytes_to_target += static_cast<uint64_t>(end - first);
     return storage_copies_.insert(key, StorageCopy{on_target.storage(), first});
   }
@@ -332,9 +339,38 @@ class FallbackCall {
       return on_target;
     }
     call_.bytes_to_target += nbytes(tensor);
-    const at::Tensor on_home = tensor_over(home_storage(tensor.storage()), home, tensor);
-    return on_home.to(at::TensorOptions().device(target_), /*non_blocking=*/false,
+    return copied_to_target(tensor_over(home_storage(tensor.storage()), home, tensor));
+  }
+
+  // Copies to the GPU are queued on the current stream, behind nothing the host
+  // waits for; from page-locked host memory they run asynchronously, and
+  // finish() waits for them unless a copy back to the host already did.
+  at::Tensor copied_to_target(const at::Tensor& on_home) {
+    const bool queued = target_.is_cuda() && on_home.is_cpu();
+    awaiting_copies_ = awaiting_copies_ || queued;
+    return on_home.to(at::TensorOptions().device(target_), /*non_blocking=*/queued,
                       /*copy=*/true);
+  }
+
+  // A result copied from the GPU lands in page-locked host memory: the copy
+  // runs at full speed, and so does the next copy of it to the GPU.
+  at::Tensor copied_to_home(const at::Tensor& on_target, c10::Device home) {
+    if (!(on_target.is_cuda() && home.is_cpu())) {
+      return on_target.to(at::TensorOptions().device(home), /*non_blocking=*/false,
+                          /*copy=*/true);
+    }
+    at::Tensor staged =
+        at::empty_like(on_target, on_target.options().device(home).pinned_memory(true));
+    staged.copy_(on_target);  // waits for the stream, and so for the queued copies
+    awaiting_copies_ = false;
+    return staged;
+  }
+
+  // The host memory of queued copies must not change before they are done.
+  void wait_for_queued_copies() {
+    if (!awaiting_copies_) return;
+    awaiting_copies_ = false;
+    c10::impl::getDeviceGuardImpl(c10::kCUDA)->getStream(target_).synchronize();
   }
 
   // An out= argument on the target: its contents are only written, so a copy
@@ -393,9 +429,7 @@ class FallbackCall {
     }
     if (tensor.device() == home) return backend_.adopt(tensor, index);
     call_.bytes_from_target += nbytes(tensor);
-    return backend_.adopt(
-        tensor.to(at::TensorOptions().device(home), /*non_blocking=*/false, /*copy=*/true),
-        index);
+    return backend_.adopt(copied_to_home(tensor, home), index);
   }
 
   void move_arguments_to_target() {
@@ -481,6 +515,10 @@ class FallbackCall {
       call_.bytes_from_target += nbytes(written);
     }
     at::_copy_from_and_resize(written, original);
+    // A copy to the host waits for the stream, and so for the queued copies.
+    if (written.is_cuda() && backend_.home_device(original.storage()).is_cpu()) {
+      awaiting_copies_ = false;
+    }
   }
 
   void write_back_argument(size_t i, bool may_resize) {
@@ -570,6 +608,7 @@ class FallbackCall {
   std::optional<c10::DeviceIndex> backend_index_;
   bool nested_ = false;  // a nested tensor among the arguments
   c10::Device target_{c10::kCPU};
+  bool awaiting_copies_ = false;  // copies to the GPU nobody has waited for yet
   Decomposition decomposition_ = nullptr;
   SmallMap<c10::StorageImpl*, c10::Storage> home_storages_;
   SmallMap<c10::StorageImpl*, bool> shared_storages_;
@@ -601,6 +640,10 @@ at::Tensor map_nested_buffer(const at::Tensor& nested,
   return at::detail::make_tensor<at::native::NestedTensorImpl>(
       map(impl->get_unsafe_storage_as_tensor()), impl->get_nested_sizes(),
       impl->get_nested_strides(), impl->get_storage_offsets());
+}
+
+bool targets_cuda() {
+  return target() == Target::Cuda || (target() == Target::Auto && cuda::device_count() > 0);
 }
 
 void boxed_fallback(const BackendAdapter& backend, const c10::OperatorHandle& op,

@@ -8,9 +8,6 @@
 #include <ATen/native/transformers/attention.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/ops/_fused_sdp_choice.h>
-#include <torch_fallback/cuda.h>
-
-#include "settings.h"
 
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
@@ -50,10 +47,6 @@ bool returns_a_view(const c10::FunctionSchema& schema) {
   return false;
 }
 
-bool runs_on_cuda() {
-  return target() == Target::Cuda || (target() == Target::Auto && cuda::device_count() > 0);
-}
-
 // scaled_dot_product_attention asks this stub which attention kernel to run.
 // Without it a third-party device gets the math path (a dozen ops and their
 // backwards); with it, the target's own choice, made by the target's
@@ -69,7 +62,7 @@ struct SdpChoice<int64_t (*)(const at::Tensor&, const at::Tensor&, const at::Ten
     const int64_t choice = at::_fused_sdp_choice(query, key, value, rest...);
     // For any device but CUDA, the flash choice runs the CPU's flash kernel.
     const bool flash_on_cuda =
-        choice == static_cast<int64_t>(at::SDPBackend::flash_attention) && runs_on_cuda();
+        choice == static_cast<int64_t>(at::SDPBackend::flash_attention) && targets_cuda();
     return flash_on_cuda ? math : choice;
   }
 };

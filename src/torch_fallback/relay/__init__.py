@@ -120,6 +120,15 @@ def home(home: str) -> contextlib.AbstractContextManager[None]:
     return scoped(get_home, set_home, home)
 
 
+def home_is_page_locked(tensor: torch.Tensor) -> bool:
+    """Whether a relay tensor's memory is page-locked host memory: host memory
+    allocated while the fallback sends ops to a GPU is, so that the copies to
+    and from the GPU run asynchronously and at full speed."""
+    if tensor.device.type != NAME:
+        raise ValueError(f"home_is_page_locked takes a relay tensor, got one on {tensor.device}")
+    return _C.is_page_locked(tensor.untyped_storage().data_ptr())
+
+
 # Random numbers. Random ops run on the fallback target; relay's default
 # generator of a device pairs the CPU's default generator with the CUDA one of
 # its GPU, so seeded relay draws equal seeded eager draws on the target.

@@ -80,6 +80,12 @@ torch::CppFunction boxed_fallback_for() {
   return torch::CppFunction::makeFromBoxedFunction<&detail::fallback_kernel<Adapter>>();
 }
 
+// Whether the fallback now sends ops that have a CUDA kernel to a GPU (the
+// target setting; for 'auto', whether a GPU is visible). A backend whose memory
+// lives on the host may then allocate it page-locked, so that the fallback's
+// copies to and from the GPU run asynchronously and at full speed.
+TORCH_FALLBACK_API bool targets_cuda();
+
 // A CPU or CUDA tensor viewing the same bytes as a backend tensor.
 TORCH_FALLBACK_API at::Tensor home_view(const BackendAdapter& backend, const at::Tensor& tensor);
 

@@ -42,6 +42,9 @@ PYBIND11_MODULE(_C, m) {
     return relay::memory_figures(checked_index(index)).peak;
   });
   m.def("reset_peak_memory_stats", [](int64_t index) { relay::reset_peak(checked_index(index)); });
+  m.def("is_page_locked", [](uintptr_t address) {
+    return relay::is_pinned(reinterpret_cast<const void*>(address));
+  });
   m.def("finish_autograd_work", [] {
     py::gil_scoped_release no_gil;  // the device threads may need it to drop Python objects
     relay::finish_autograd_work();

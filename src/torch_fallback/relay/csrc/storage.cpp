@@ -75,8 +75,17 @@ c10::Storage storage_from(c10::Allocator* allocator, size_t nbytes) {
                       allocator, /*resizable=*/false);
 }
 
+// Host memory is page-locked while the fallback runs ops on a GPU, so that its
+// copies to and from the GPU are asynchronous and run at full speed.
+c10::Allocator* host_allocator() {
+  if (cuda::device_count() > 0 && targets_cuda()) {
+    return at::detail::getCUDAHooks().getPinnedMemoryAllocator();
+  }
+  return c10::GetCPUAllocator();
+}
+
 c10::DataPtr allocate_on(Home home, c10::DeviceIndex index, size_t nbytes) {
-  if (home == Home::Host) return relay_data_ptr(storage_from(c10::GetCPUAllocator(), nbytes), index);
+  if (home == Home::Host) return relay_data_ptr(storage_from(host_allocator(), nbytes), index);
   cuda::check_usable("a relay tensor with home 'cuda' (TORCH_FALLBACK_RELAY_HOME=cuda)");
   TORCH_CHECK(index < cuda::device_count(), "torch_fallback: relay:", static_cast<int>(index),
               " homes its memory on cuda:", static_cast<int>(index), ", but only ",
@@ -90,6 +99,8 @@ c10::DataPtr allocate_on(Home home, c10::DeviceIndex index, size_t nbytes) {
 // The device whose memory `ptr` points into: a GPU's, or the host's.
 c10::Device device_of_pointer(const void* ptr) {
   if (cuda::device_count() == 0) return c10::Device(c10::kCPU);
+  // Page-locked host memory is host memory, although CUDA knows it.
+  if (at::detail::getCUDAHooks().isPinnedPtr(ptr)) return c10::Device(c10::kCPU);
   try {
     return at::detail::getCUDAHooks().getDeviceFromPtr(const_cast<void*>(ptr));
   } catch (const c10::Error&) {
