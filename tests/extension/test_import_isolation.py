@@ -55,6 +55,16 @@ def test_importing_the_library_changes_no_torch_global():
     assert probe("torch_fallback") == probe("")
 
 
+def test_importing_relay_overrides_no_kernel():
+    # The dispatcher warns (on stderr) when a registration replaces another: the
+    # ops the library runs whole must leave relay's own kernels alone.
+    completed = subprocess.run(
+        [sys.executable, "-c", "import torch_fallback.relay"], capture_output=True, text=True
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert "Overriding a previously registered kernel" not in completed.stderr, completed.stderr
+
+
 def test_importing_relay_registers_the_device():
     plain, with_relay = probe(""), probe("torch_fallback.relay")
     assert plain["privateuse1_name"] == "privateuseone"

@@ -226,10 +226,10 @@ int64_t live_allocations() { return g_live_allocations.load(std::memory_order_re
 // ---- registration ----------------------------------------------------------
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  torch_fallback::register_kernels<&adapter>(m);  // views, copies, ops run whole
   m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
   m.impl("empty_strided", TORCH_FN(empty_strided));
   m.impl("resize_", TORCH_FN(resize_));
+  torch_fallback::register_kernels<&adapter>(m);  // views, copies, ops run whole; last
 }
 
 // Every other aten op, for tinydev tensors: torch-fallback's boxed fallback.

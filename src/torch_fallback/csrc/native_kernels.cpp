@@ -130,6 +130,15 @@ const std::vector<std::string>& ops_run_whole() {
 
 namespace detail {
 
+bool has_kernel(const std::string& name, c10::DeviceType device_type) {
+  const auto dot = name.find('.');
+  const c10::OperatorName op_name(
+      "aten::" + name.substr(0, dot), dot == std::string::npos ? "" : name.substr(dot + 1));
+  const auto op = c10::Dispatcher::singleton().findOp(op_name);
+  return op && op->hasKernelForDispatchKey(
+                   c10::computeDispatchKey(std::nullopt, c10::kStrided, c10::Device(device_type)));
+}
+
 void register_sdp_choice() {
   at::native::_fused_sdp_choice_stub.set_privateuse1_dispatch_ptr(&SdpChoice<SdpChoiceFn>::choose);
 }

@@ -17,8 +17,8 @@
 //     m.fallback(torch_fallback::boxed_fallback_for<&my_adapter>());
 //   }
 //   TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-//     torch_fallback::register_kernels<&my_adapter>(m);  // views, copies
 //     ... the backend's memory: empty.memory_format, empty_strided, resize_
+//     torch_fallback::register_kernels<&my_adapter>(m);  // views, copies, last
 //   }
 //
 // Tensors whose memory already lives on the fallback's target device are used
@@ -111,6 +111,9 @@ namespace detail {
 // _copy_from and _copy_from_and_resize see the conjugate and negative bits
 // themselves; registered once, by the first backend.
 TORCH_FALLBACK_API void register_math_bit_fallthroughs();
+// Whether `aten::<name>` ("op" or "op.overload") has a kernel of its own for the
+// dispatch key of `device_type`.
+TORCH_FALLBACK_API bool has_kernel(const std::string& name, c10::DeviceType device_type);
 // scaled_dot_product_attention on PrivateUse1 tensors runs the fused attention
 // kernel the fallback's target would choose, not the math path.
 TORCH_FALLBACK_API void register_sdp_choice();
@@ -133,7 +136,8 @@ struct CopyKernels {
 // for TORCH_LIBRARY_IMPL(aten, <key>, m): the views, _copy_from and
 // _copy_from_and_resize, the ops run whole, and (for PrivateUse1) the choice of
 // the fused attention kernel. The backend still owns its memory:
-// empty.memory_format, empty_strided and resize_.
+// empty.memory_format, empty_strided and resize_. Call it after registering
+// the backend's own kernels: it leaves those in place.
 template <const BackendAdapter& (*Adapter)()>
 void register_kernels(torch::Library& aten) {
   detail::register_math_bit_fallthroughs();
@@ -142,6 +146,8 @@ void register_kernels(torch::Library& aten) {
   aten.impl("_copy_from", TORCH_FN(detail::CopyKernels<Adapter>::copy_from));
   aten.impl("_copy_from_and_resize", TORCH_FN(detail::CopyKernels<Adapter>::copy_from_and_resize));
   for (const std::string& name : ops_run_whole()) {
+    // The backend's own kernels, registered before this call, win.
+    if (detail::has_kernel(name, Adapter().device_type)) continue;
     aten.impl(name.c_str(), boxed_fallback_for<Adapter>());
   }
 }

@@ -99,7 +99,6 @@ at::Tensor lazy_clone(const at::Tensor& self) {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  torch_fallback::register_kernels<&backend>(m);
   m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
   m.impl("empty_strided", TORCH_FN(empty_strided));
   m.impl("resize_", TORCH_FN(resize_));
@@ -108,6 +107,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Tensor", TORCH_FN(set_source_tensor));
   m.impl("set_", TORCH_FN(set_empty));
   m.impl("_lazy_clone", TORCH_FN(lazy_clone));
+  torch_fallback::register_kernels<&backend>(m);  // last: relay's own kernels stay
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
