@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 SIDES = ("native", "relay")
+KINDS = ("train", "op", "cross_home")
 
 
 def source_version() -> str | None:
@@ -124,7 +125,7 @@ def side_main(args: argparse.Namespace) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("--device cuda needs a GPU: torch.cuda.is_available() is False", file=sys.stderr)
         return 2
-    plan = work.plan(args.side, args.device)
+    plan = [spec for spec in work.plan(args.side, args.device) if spec["kind"] in args.only]
     meta = {
         "torch": str(torch.__version__),
         "threads": torch.get_num_threads(),
@@ -261,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=1.0, help="seconds per measurement")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each measurement; best kept")
     parser.add_argument("--small", action="store_true", help="small models (for CPU hosts)")
+    parser.add_argument("--only", nargs="+", choices=KINDS, default=list(KINDS),
+                        help="measure only these kinds")  # fmt: skip
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     parser.add_argument("--json", help="write results here")
     parser.add_argument("--table", help="write the table here as text")
@@ -276,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         forwarded = [f"--device={args.device}", f"--budget={args.budget}"]
         forwarded += [f"--threads={args.threads}"] + (["--small"] if args.small else [])
+        forwarded += ["--only", *args.only]
         sides = measure_all(args, forwarded)
         meta = {
             **sides["relay"]["meta"], "device": args.device, "small": args.small,
