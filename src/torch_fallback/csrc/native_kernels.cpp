@@ -66,7 +66,7 @@ struct SdpChoice<int64_t (*)(const at::Tensor&, const at::Tensor&, const at::Ten
     return flash_on_cuda ? math : choice;
   }
 };
-using SdpChoiceFn = at::native::_fused_sdp_choice_stub_DECLARE_DISPATCH_type::FnPtr;
+using SdpChoiceFn = decltype(at::native::_fused_sdp_choice_stub)::FnPtr;
 
 }  // namespace
 
