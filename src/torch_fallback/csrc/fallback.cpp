@@ -342,9 +342,9 @@ class FallbackCall {
     return copied_to_target(tensor_over(home_storage(tensor.storage()), home, tensor));
   }
 
-  // Copies to the GPU are queued on the current stream, behind nothing the host
-  // waits for; from page-locked host memory they run asynchronously, and
-  // finish() waits for them unless a copy back to the host already did.
+  // Copies to the GPU are queued on the current stream; from page-locked host
+  // memory they run asynchronously, and the call waits for them before it
+  // returns (wait_for_queued_copies) unless a copy back to the host already did.
   at::Tensor copied_to_target(const at::Tensor& on_home) {
     const bool queued = target_.is_cuda() && on_home.is_cpu();
     awaiting_copies_ = awaiting_copies_ || queued;
@@ -467,7 +467,9 @@ class FallbackCall {
       }
     }
     // What the kernel writes, for write_back (the kernel's outputs replace the stack).
-    if (!rules_.written_arguments.empty()) on_target_.assign(stack_->begin() + first, stack_->end());
+    if (!rules_.written_arguments.empty()) {
+      on_target_.assign(stack_->begin() + first, stack_->end());
+    }
   }
 
   void call_op() {
