@@ -15,6 +15,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+RESULT_FILE = "result.json"  # artifacts/<cell>/result.json: the job's steps and the host's record
+JUNIT_FILE = "junit.xml"
+LOG_FILE = "cell.log"
+
 
 def format_elapsed(seconds: float) -> str:
     minutes, secs = divmod(int(seconds), 60)
@@ -106,7 +110,7 @@ def without_pip_config(environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def run(
+def run_process(
     command: Sequence[str | Path],
     sink: Callable[[str], None],
     *,

@@ -1,15 +1,16 @@
-"""A table of cells x build and test results, from the artifacts of a run.
+"""The summary: a table of cells x build and test results, from the artifacts of a run.
 
 Reads ``artifacts/<cell>/``: result.json (the job's steps and the host's record)
-and junit.xml (pytest). The third-party example a cell builds and
-tests against its wheel (step ``example``, results in ``<cell>/example/``) is a
-row of its own, ``<cell>/example``. The same rows render as a rich table for
-the terminal and as GitHub-flavoured markdown for $GITHUB_STEP_SUMMARY.
+and junit.xml (pytest). The third-party example a cell builds and tests against
+its wheel (step ``example``, results in ``<cell>/example/``) is a row of its own,
+``<cell>/example``. The rows render as a rich table for the terminal and as
+GitHub-flavoured markdown for $GITHUB_STEP_SUMMARY.
 """
 
 from __future__ import annotations
 
 import json
+import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,13 +18,40 @@ from typing import Any
 
 from rich.table import Table
 
-from .junit import JUnitCounts, read_counts
-from .report import format_elapsed
+from .report import JUNIT_FILE, LOG_FILE, RESULT_FILE, format_elapsed
 
-RESULT_FILE = "result.json"
-JUNIT_FILE = "junit.xml"
-LOG_FILE = "cell.log"
-EXAMPLE_DIR = "example"
+HEADERS = ["cell", "runner", "build", "passed", "failed", "skipped", "time", "result"]
+
+
+@dataclass(frozen=True)
+class JUnitCounts:
+    passed: int = 0
+    failed: int = 0
+    errors: int = 0
+    skipped: int = 0
+
+    def __add__(self, other: JUnitCounts) -> JUnitCounts:
+        return JUnitCounts(
+            self.passed + other.passed,
+            self.failed + other.failed,
+            self.errors + other.errors,
+            self.skipped + other.skipped,
+        )
+
+
+def read_counts(report: Path) -> JUnitCounts | None:
+    """The counts of a pytest JUnit report; None when it is missing or unreadable."""
+    try:
+        root = ET.parse(report).getroot()
+    except (OSError, ET.ParseError):
+        return None
+    total = JUnitCounts()
+    for suite in [root] if root.tag == "testsuite" else root.findall("testsuite"):
+        number = {key: int(suite.get(key, "0") or 0) for key in ("tests", "failures", "errors")}
+        skipped = int(suite.get("skipped", "0") or 0)
+        passed = max(number["tests"] - number["failures"] - number["errors"] - skipped, 0)
+        total += JUnitCounts(passed, number["failures"], number["errors"], skipped)
+    return total
 
 
 @dataclass(frozen=True)
@@ -45,47 +73,8 @@ def read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _build_state(status: dict[str, Any]) -> str:
-    for step in status.get("steps", []):
-        if step.get("name") == "build":
-            return "ok" if step.get("status") == "ok" else "failed"
-    if status.get("failed_step"):
-        return "not reached"
-    return "-"
-
-
-def read_row(cell_dir: Path) -> CellRow:
-    result = status = read_json(cell_dir / RESULT_FILE)
-    passed = result.get("exit_code", 0 if result.get("result") == "passed" else 1) == 0
-    return CellRow(
-        cell=cell_dir.name,
-        runner=str(result.get("runner", "-")),
-        build=_build_state(status),
-        tests=read_counts(cell_dir / JUNIT_FILE),
-        result="passed" if passed else "FAILED",
-        seconds=result.get("seconds"),
-        log=str(cell_dir / LOG_FILE),
-    )
-
-
-def example_row(cell_dir: Path, cell: CellRow) -> CellRow | None:
-    """The row of the example step of a cell whose job ran (it recorded steps), else None."""
-    status = read_json(cell_dir / RESULT_FILE)
-    if "steps" not in status:
-        return None
-    step: dict[str, Any] = next(
-        (s for s in status.get("steps", []) if s.get("name") == "example"), {}
-    )
-    state = {"ok": "ok", "failed": "failed"}.get(str(step.get("status")), "not reached")
-    return CellRow(
-        cell=f"{cell.cell}/{EXAMPLE_DIR}",
-        runner=cell.runner,
-        build=state,
-        tests=read_counts(cell_dir / EXAMPLE_DIR / JUNIT_FILE),
-        result="passed" if state == "ok" else "FAILED",
-        seconds=step.get("seconds"),
-        log=cell.log,
-    )
+def _step(result: dict[str, Any], name: str) -> dict[str, Any]:
+    return next((s for s in result.get("steps", []) if s.get("name") == name), {})
 
 
 def collect_rows(artifacts_root: Path, cells: Sequence[str] | None = None) -> list[CellRow]:
@@ -94,66 +83,67 @@ def collect_rows(artifacts_root: Path, cells: Sequence[str] | None = None) -> li
         cells = sorted(p.name for p in artifacts_root.glob("*") if (p / RESULT_FILE).is_file())
     rows = []
     for cell in cells:
-        row = read_row(artifacts_root / cell)
+        directory = artifacts_root / cell
+        result = read_json(directory / RESULT_FILE)
+        passed = result.get("exit_code", 0 if result.get("result") == "passed" else 1) == 0
+        build = _step(result, "build").get("status")
+        if build is None:
+            build = "not reached" if result.get("failed_step") else "-"
+        row = CellRow(
+            cell=cell,
+            runner=str(result.get("runner", "-")),
+            build=build if build in ("ok", "not reached", "-") else "failed",
+            tests=read_counts(directory / JUNIT_FILE),
+            result="passed" if passed else "FAILED",
+            seconds=result.get("seconds"),
+            log=str(directory / LOG_FILE),
+        )
         rows.append(row)
-        example = example_row(artifacts_root / cell, row)
-        if example is not None:
-            rows.append(example)
+        if "steps" in result:  # the job ran: the example has a row, reached or not
+            example = _step(result, "example")
+            state = {"ok": "ok", "failed": "failed"}.get(example.get("status", ""), "not reached")
+            tests = read_counts(directory / "example" / JUNIT_FILE)
+            outcome = "passed" if state == "ok" else "FAILED"
+            seconds = example.get("seconds")
+            rows.append(
+                CellRow(f"{cell}/example", row.runner, state, tests, outcome, seconds, row.log)
+            )
     return rows
 
 
-def total_counts(rows: Sequence[CellRow]) -> JUnitCounts:
-    total = JUnitCounts()
-    for row in rows:
-        if row.tests is not None:
-            total += row.tests
-    return total
-
-
-def _count(value: int | None) -> str:
-    return "-" if value is None else str(value)
-
-
 def _cells(row: CellRow) -> list[str]:
-    tests = row.tests
+    tests = row.tests or JUnitCounts()
+    counts = [tests.passed, tests.failed + tests.errors, tests.skipped]
     return [
         row.cell,
         row.runner,
         row.build,
-        _count(None if tests is None else tests.passed),
-        _count(None if tests is None else tests.failed + tests.errors),
-        _count(None if tests is None else tests.skipped),
+        *(str(n) if row.tests is not None else "-" for n in counts),
         format_elapsed(row.seconds) if row.seconds is not None else "-",
         row.result,
     ]
 
 
-HEADERS = ["cell", "runner", "build", "passed", "failed", "skipped", "time", "result"]
-
-
 def render_table(rows: Sequence[CellRow], title: str = "matrix") -> Table:
     table = Table(title=title)
     for header in HEADERS:
-        table.add_column(
-            header, justify="right" if header in ("passed", "failed", "skipped", "time") else "left"
-        )
+        numeric = header in ("passed", "failed", "skipped", "time")
+        table.add_column(header, justify="right" if numeric else "left")
     for row in rows:
-        style = "green" if row.result == "passed" else "red"
-        table.add_row(*_cells(row), style=style)
+        table.add_row(*_cells(row), style="green" if row.result == "passed" else "red")
     return table
 
 
 def render_markdown(rows: Sequence[CellRow], title: str = "matrix") -> str:
     lines = [f"### {title}", "", "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
     for row in rows:
-        cells = _cells(row)
-        cells[-1] = ":white_check_mark: passed" if row.result == "passed" else ":x: FAILED"
-        lines.append("| " + " | ".join(cells) + " |")
+        mark = ":white_check_mark: passed" if row.result == "passed" else ":x: FAILED"
+        lines.append("| " + " | ".join([*_cells(row)[:-1], mark]) + " |")
     return "\n".join(lines) + "\n"
 
 
 def closing_line(rows: Sequence[CellRow], label: str = "matrix") -> str:
     """One plain line: '<label>: N passed, N failed, N skipped'."""
-    total = total_counts(rows)
+    total = sum((row.tests for row in rows if row.tests is not None), JUnitCounts())
     failed = total.failed + total.errors
     return f"{label}: {total.passed} passed, {failed} failed, {total.skipped} skipped"

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from fallback_matrix.cells import expand_cells, parse_index_override, pick_cells
-from fallback_matrix.errors import MatrixError, UnknownCellError
-from fallback_matrix.model import MatrixFile
+from fallback_matrix.matrix import expand_cells, parse_index_override, pick_cells
+from fallback_matrix.matrix import MatrixError, MatrixError
+from fallback_matrix.matrix import MatrixFile
 
 
 def expand(data: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
@@ -97,7 +97,7 @@ def test_pick_cells_keeps_the_order_asked(matrix_data: dict[str, Any]) -> None:
 def test_pick_cells_names_unknown_cells(matrix_data: dict[str, Any]) -> None:
     cells = expand_cells(MatrixFile.model_validate(matrix_data))
     with pytest.raises(
-        UnknownCellError,
+        MatrixError,
         match=r"unknown cell\(s\): rocm\. Cells in matrix\.yaml: cpu, cuda, cuda-gpu",
     ):
         pick_cells(cells, ["cpu", "rocm"])

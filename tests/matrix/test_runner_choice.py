@@ -8,11 +8,9 @@ from pathlib import Path
 import pytest
 
 import docker
-from fallback_matrix.errors import RunnerUnavailableError
-from fallback_matrix.runners import engine
-from fallback_matrix.runners.choose import decide_runner
-from fallback_matrix.runners.engine import EngineStatus, connect_docker, engine_status
-from fallback_matrix.runners.local import find_python
+from fallback_matrix.matrix import RunnerUnavailableError
+from fallback_matrix import runners
+from fallback_matrix.runners import EngineStatus, choose_runner, connect_docker, engine_status, find_python
 
 
 @pytest.fixture
@@ -36,7 +34,7 @@ def test_no_daemon_says_how_to_start_one_or_use_local(no_daemon: None) -> None:
 
 def test_asking_for_docker_without_a_daemon_fails_clearly(no_daemon: None) -> None:
     with pytest.raises(RunnerUnavailableError, match="Start the Docker daemon"):
-        decide_runner("docker")
+        choose_runner("docker")
 
 
 def test_engine_status_reports_instead_of_raising(no_daemon: None) -> None:
@@ -46,30 +44,30 @@ def test_engine_status_reports_instead_of_raising(no_daemon: None) -> None:
 
 
 def test_auto_picks_local_without_a_daemon() -> None:
-    decision = decide_runner("auto", status=lambda: EngineStatus(False, "no daemon"))
-    assert decision.name == "local"
-    assert "auto" in decision.reason
+    runner, reason = choose_runner("auto", status=lambda: EngineStatus(False, "no daemon"))
+    assert runner.name == "local"
+    assert "auto" in reason
 
 
 def test_auto_picks_docker_when_a_daemon_answers() -> None:
-    decision = decide_runner(
+    runner, reason = choose_runner(
         "auto", status=lambda: EngineStatus(True, "Docker engine 27.0 answers")
     )
-    assert decision.name == "docker"
-    assert "Docker engine 27.0 answers" in decision.reason
+    assert runner.name == "docker"
+    assert "Docker engine 27.0 answers" in reason
 
 
 def test_local_is_local_without_asking_docker() -> None:
     def must_not_be_called() -> EngineStatus:
         raise AssertionError("local must not probe Docker")
 
-    assert decide_runner("local", status=must_not_be_called).name == "local"
+    assert choose_runner("local", status=must_not_be_called)[0].name == "local"
 
 
 def test_missing_docker_package_is_explained(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "docker", None)
     with pytest.raises(RunnerUnavailableError, match="pip install docker"):
-        engine.connect_docker()
+        runners.connect_docker()
 
 
 def test_local_runner_uses_this_python_when_versions_match() -> None:
@@ -86,8 +84,8 @@ def test_a_python_of_another_version_is_found_under_pyenv(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
 
-    from fallback_matrix.errors import RunnerUnavailableError
-    from fallback_matrix.runners import local
+    from fallback_matrix.matrix import RunnerUnavailableError
+    from fallback_matrix import runners as local
 
     monkeypatch.setenv("PYENV_ROOT", str(tmp_path))
     python = tmp_path / "versions" / "3.10.13" / "bin" / "python3.10"

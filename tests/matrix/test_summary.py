@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from fallback_matrix import cli
-from fallback_matrix.junit import JUnitCounts, read_counts
+from fallback_matrix.summary import JUnitCounts, read_counts
 from fallback_matrix.summary import closing_line, collect_rows, render_markdown, render_table
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
