@@ -431,7 +431,7 @@ def cmd_workflows(c: Context) -> int:
     if c.args.check:
         drift = check_workflows(c.matrix.root, planned)
         if drift:
-            c.reporter.error(drift)
+            c.reporter.error(str(drift))
             return EXIT_FAILED
         c.reporter.say(f"{len(planned)} generated file(s) up to date with matrix.yaml")
         return EXIT_OK

@@ -40,8 +40,10 @@ from typing import Any
 
 from fallback_matrix.report import RESULT_FILE, Reporter, run_process, without_pip_config
 
-STEPS = ("environment", "verify torch", "sources", "build", "repair", "install", "tests")
-STEPS += ("example", "artifacts")
+STEPS = (
+    *("environment", "verify torch", "sources", "build", "repair", "install", "tests"),
+    *("example", "artifacts"),
+)
 GROUPS = ("build", "test")  # the dependency groups of pyproject.toml a cell installs
 PIP_WITH_GROUPS = "pip>=25.1"  # pip installs dependency groups (--group) since 25.1
 PLAIN_VERSION_ENV = "TORCH_FALLBACK_PLAIN_VERSION"  # setup.py: no local version label (PyPI)
@@ -165,7 +167,14 @@ def ensure_base_env(job: Job, env: Mapping[str, str], report: Reporter) -> Path:
         shutil.rmtree(base, ignore_errors=True)
         report.say(f"creating environment {base} from {job.wheelhouse}")
         must_run([sys.executable, "-m", "venv", base], env, "creating the venv")
-        pip = [base / "bin" / "python", "-m", "pip", "install", "--progress-bar", "off"]
+        pip: list[str | Path] = [
+            base / "bin" / "python",
+            "-m",
+            "pip",
+            "install",
+            "--progress-bar",
+            "off",
+        ]
         pip += ["--no-index", "--find-links", job.wheelhouse]
         must_run([*pip, PIP_WITH_GROUPS], env, f"installing {PIP_WITH_GROUPS}")
         groups = [f"--group={job.repo}/pyproject.toml:{group}" for group in GROUPS]
@@ -263,7 +272,14 @@ def build_wheel(job: Job, env: Mapping[str, str]) -> Path:
     shutil.rmtree(dist, ignore_errors=True)
     if "CCACHE_DIR" in env:
         run(["ccache", "-z"], env)  # the statistics printed at the end are this build's
-    pip_wheel = [job.python_bin, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps"]
+    pip_wheel: list[str | Path] = [
+        job.python_bin,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-build-isolation",
+        "--no-deps",
+    ]
     must_run([*pip_wheel, "--no-index", "-v", "-w", dist, job.build_dir], env, "building the wheel")
     wheels = sorted(dist.glob("*.whl"))
     if len(wheels) != 1:
@@ -291,7 +307,7 @@ def repair_wheel(
     out = Path(job.work) / "repaired"
     shutil.rmtree(out, ignore_errors=True)
     excludes = sorted({*TORCH_LIBRARY_PATTERNS, *torch_libraries})
-    auditwheel = [job.python_bin, "-m", "auditwheel"]
+    auditwheel: list[str | Path] = [job.python_bin, "-m", "auditwheel"]
     options = [f"--exclude={name}" for name in excludes]
     must_run([*auditwheel, "repair", *options, "--wheel-dir", out, wheel], env, "auditwheel repair")
     repaired = sorted(out.glob("*.whl"))
@@ -324,14 +340,21 @@ def platform_tag(wheel: Path) -> str:
 def install_wheel(job: Job, wheel: Path | None, env: Mapping[str, str], report: Reporter) -> None:
     """Install ``wheel``, or (wheel None) the job's requirement from its package index."""
     if wheel is not None:
-        source = ["--no-index", "--no-deps", "--force-reinstall", str(wheel)]
+        source: list[str | Path] = ["--no-index", "--no-deps", "--force-reinstall", wheel]
         what = f"installing {wheel.name}"
     else:
         source = ["--index-url", str(job.index_url), "--find-links", job.wheelhouse]
         source += ["--no-cache-dir", str(job.requirement)]
         what = f"installing {job.requirement} from {job.index_url}"
         report.say(f"{what}; its dependencies from the environment and the wheelhouse")
-    pip_install = [job.python_bin, "-m", "pip", "install", "--progress-bar", "off"]
+    pip_install: list[str | Path] = [
+        job.python_bin,
+        "-m",
+        "pip",
+        "install",
+        "--progress-bar",
+        "off",
+    ]
     must_run([*pip_install, *source], env, what)
     job.test_cwd.mkdir(parents=True, exist_ok=True)
     probe = "import importlib.util; print(importlib.util.find_spec('torch_fallback').origin)"
@@ -396,8 +419,21 @@ def run_example(job: Job, env: Mapping[str, str], report: Reporter) -> None:
     build = Path(job.work) / "example"  # a copy: the repository is read-only in a container
     shutil.rmtree(build, ignore_errors=True)
     shutil.copytree(source, build, ignore=shutil.ignore_patterns("build", "*.egg-info"))
-    pip_install = [job.python_bin, "-m", "pip", "install", "--progress-bar", "off"]
-    offline = ["--no-build-isolation", "--no-index", "--find-links", job.wheelhouse, build]
+    pip_install: list[str | Path] = [
+        job.python_bin,
+        "-m",
+        "pip",
+        "install",
+        "--progress-bar",
+        "off",
+    ]
+    offline: list[str | Path] = [
+        "--no-build-isolation",
+        "--no-index",
+        "--find-links",
+        job.wheelhouse,
+        build,
+    ]
     must_run([*pip_install, *offline], env, f"pip install --no-build-isolation {job.example}")
     if not (build / "tests").is_dir():
         raise StepFailed(f"{job.example} has no tests/ directory; the cell runs its tests")
@@ -477,7 +513,7 @@ def run_steps(job: Job) -> int:
     return 0 if result["result"] == "passed" else 1
 
 
-# --- checks run in the cell's environment (torch and packaging there) -------------------------------
+# --- checks run in the cell's environment (torch and packaging there) ---------------------------
 
 
 def torch_matches(pin: str, version: str) -> bool:

@@ -15,11 +15,10 @@ import difflib
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple, get_origin
+from typing import Annotated, Any, Literal, NamedTuple, cast
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from pydantic.fields import FieldInfo
 
 from .job import describe_build
 
@@ -269,42 +268,18 @@ def load_matrix(file: Path) -> LoadedMatrix:
     return LoadedMatrix(file=file, spec=spec)
 
 
-def _lookup(loc: KeyPath) -> tuple[type[BaseModel] | None, FieldInfo | None]:
-    """The model that holds the last key of ``loc``, and that key's field (None: unknown)."""
-    model: type[BaseModel] | None = MatrixFile
-    field: FieldInfo | None = None
-    skip = False  # the next part is a list index or a dict key
-    for number, part in enumerate(loc):
-        if skip:
-            skip = False
-            continue
-        if model is None or (field := model.model_fields.get(str(part))) is None:
-            return (model, None) if number == len(loc) - 1 else (None, None)
-        skip = str(field.annotation).startswith(("list", "dict"))
-        if number < len(loc) - 1:
-            model = next((m for m in _types_in(field.annotation) if issubclass(m, BaseModel)), None)
-    return model, field
-
-
-def _types_in(annotation: Any) -> Iterator[type]:
-    """The classes an annotation names: X | None -> X, list[X] -> X, dict[K, X] -> X."""
-    if isinstance(annotation, type) and get_origin(annotation) is None:
-        yield annotation
-    for argument in getattr(annotation, "__args__", ()):
-        yield from _types_in(argument)
-
-
 def _describe(item: Any, loc: KeyPath) -> str:
-    kind, value = item["type"], item.get("input")
-    model, field = _lookup(loc)
-    expected = field.description if field is not None else None
+    """A pydantic error in words, with the description of the field when the schema has one."""
+    models = (MatrixFile, Defaults, ImageSpec, TestSelection, VariantSpec, CellSpec, ProjectTests)
+    fields = {name: field for model in models for name, field in model.model_fields.items()}
+    kind, value, key = item["type"], item.get("input"), str(loc[-1]) if loc else ""
+    expected = fields[key].description if key in fields else None
     if kind == "missing":
         return f"missing key; expected {expected}" if expected else "missing key"
     if kind == "extra_forbidden":
-        allowed = list(model.model_fields) if model is not None else []
-        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+        close = difflib.get_close_matches(key, fields, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        return f"unknown key {loc[-1]!r}; allowed here: {', '.join(allowed)}{hint}"
+        return f"unknown key {key!r}{hint} (the comments atop matrix.yaml list every key)"
     got = (
         "a mapping"
         if isinstance(value, dict)
@@ -397,9 +372,8 @@ class Cell:
 def parse_index_override(text: str) -> tuple[VariantName, str]:
     """'cpu=https://...' -> ("cpu", "https://..."), as given to --index-url."""
     variant, _, url = text.partition("=")
-    if variant == "cpu" or variant == "cuda":
-        if url:
-            return variant, url
+    if variant in ("cpu", "cuda") and url:
+        return cast(VariantName, variant), url
     raise MatrixError(
         f"--index-url {text!r}: expected VARIANT=URL with VARIANT cpu or cuda, "
         "e.g. --index-url cpu=https://download.pytorch.org/whl/cpu"

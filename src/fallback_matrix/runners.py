@@ -46,8 +46,7 @@ DOCKER_CACHE_ENV = "FALLBACK_MATRIX_DOCKER_CACHE"  # a host directory instead of
 IMAGE_UID = 1000  # the image's user (docker/Dockerfile)
 IMAGE_REPOSITORY = "torch-fallback-build"
 # Where the job sees things in the container; the job file goes to /tmp before it starts.
-CONTAINER_PATHS = {"repo": "/src", "wheelhouse": "/wheelhouse", "cache": "/cache"}
-CONTAINER_PATHS |= {"work": "/tmp/cell-work", "artifacts": "/out"}
+REPO, WHEELHOUSE, CACHE, WORK, ARTIFACTS = "/src", "/wheelhouse", "/cache", "/tmp/cell-work", "/out"
 JOB_FILE = "/tmp/fallback-matrix-job.json"
 NO_DAEMON_HINT = (
     "Start the Docker daemon (sudo systemctl start docker, or sudo dockerd), or use --runner local."
@@ -279,22 +278,29 @@ def plan_container(
 ) -> ContainerPlan:
     from docker.types import Mount
 
-    inside = dataclasses.replace(job, **CONTAINER_PATHS)
-    if job.prebuilt_wheel:  # a wheel staged under the repository
-        relative = Path(job.prebuilt_wheel).relative_to(job.repo).as_posix()
-        inside = dataclasses.replace(inside, prebuilt_wheel=f"{CONTAINER_PATHS['repo']}/{relative}")
+    wheel = job.prebuilt_wheel  # a wheel staged under the repository
+    if wheel:
+        wheel = f"{REPO}/{Path(wheel).relative_to(job.repo).as_posix()}"
+    inside = dataclasses.replace(
+        job,
+        repo=REPO,
+        wheelhouse=WHEELHOUSE,
+        cache=CACHE,
+        work=WORK,
+        artifacts=ARTIFACTS,
+        prebuilt_wheel=wheel,
+    )
     environment = {"PYTHONUNBUFFERED": "1", "HOME": "/tmp"}
     if environ and environ.get("CI"):
         environment["CI"] = environ["CI"]
-    cache_kind = "bind" if volume[:1] == "/" else "volume"
     return ContainerPlan(
         job=inside,
         image=image,
         name=f"fallback-matrix-{job.cell}-{suffix or uuid.uuid4().hex[:8]}",
         mounts=[
-            Mount(CONTAINER_PATHS["repo"], job.repo, type="bind", read_only=True),
-            Mount(CONTAINER_PATHS["wheelhouse"], job.wheelhouse, type="bind", read_only=True),
-            Mount(CONTAINER_PATHS["cache"], volume, type=cache_kind),
+            Mount(REPO, job.repo, type="bind", read_only=True),
+            Mount(WHEELHOUSE, job.wheelhouse, type="bind", read_only=True),
+            Mount(CACHE, volume, type="bind" if volume[:1] == "/" else "volume"),
         ],
         environment=environment,
         user=user,
@@ -351,7 +357,7 @@ def run_container(client: DockerClient, plan: ContainerPlan, log: Reporter, arti
         device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
         if gpus
         else None,
-        working_dir=f"{CONTAINER_PATHS['repo']}/src",  # where python -m finds fallback_matrix
+        working_dir=f"{REPO}/src",  # where python -m finds fallback_matrix
         user=plan.user or "",
     )
     try:
@@ -373,11 +379,11 @@ def run_container(client: DockerClient, plan: ContainerPlan, log: Reporter, arti
             log.line(line)
         status = int(container.wait().get("StatusCode", 1))
         try:
-            stream, _ = container.get_archive(CONTAINER_PATHS["artifacts"])
+            stream, _ = container.get_archive(ARTIFACTS)
             copied = extract_archive(stream, artifacts)
             log.say(f"artifacts: {', '.join(sorted(copied)) or 'none'} -> {artifacts}")
         except docker.errors.NotFound:
-            log.warn(f"the container has no {CONTAINER_PATHS['artifacts']}; no artifacts copied")
+            log.warn(f"the container has no {ARTIFACTS}; no artifacts copied")
         return status
     finally:
         try:

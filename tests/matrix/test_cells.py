@@ -6,9 +6,13 @@ from typing import Any
 
 import pytest
 
-from fallback_matrix.matrix import expand_cells, parse_index_override, pick_cells
-from fallback_matrix.matrix import MatrixError, MatrixError
-from fallback_matrix.matrix import MatrixFile
+from fallback_matrix.matrix import (
+    MatrixError,
+    MatrixFile,
+    expand_cells,
+    parse_index_override,
+    pick_cells,
+)
 
 
 def expand(data: dict[str, Any], **kwargs: Any) -> dict[str, Any]:

@@ -177,12 +177,13 @@ def test_a_passing_container_streams_logs_copies_artifacts_and_is_removed(
     )
 
 
-def test_a_failing_container_returns_its_status_and_is_removed(
-    work: Job, cell_log: Any
-) -> None:
+def test_a_failing_container_returns_its_status_and_is_removed(work: Job, cell_log: Any) -> None:
     container = fake_container(exit_code=1)
     assert (
-        run_container(fake_client(container), plan_container(work, "img"), cell_log, Path(work.artifacts)) == 1
+        run_container(
+            fake_client(container), plan_container(work, "img"), cell_log, Path(work.artifacts)
+        )
+        == 1
     )
     container.remove.assert_called_once_with(force=True)
 
@@ -190,7 +191,9 @@ def test_a_failing_container_returns_its_status_and_is_removed(
 def test_ctrl_c_removes_the_container(work: Job, cell_log: Any) -> None:
     container = fake_container(logs_error=KeyboardInterrupt())
     with pytest.raises(KeyboardInterrupt):
-        run_container(fake_client(container), plan_container(work, "img"), cell_log, Path(work.artifacts))
+        run_container(
+            fake_client(container), plan_container(work, "img"), cell_log, Path(work.artifacts)
+        )
     container.remove.assert_called_once_with(force=True)
 
 

@@ -1,4 +1,4 @@
-"""The job: standard library only at its top; strict about its job file, torch variant and sources."""
+"""The job: stdlib only at its top; strict about its job file, torch variant and sources."""
 
 from __future__ import annotations
 
@@ -193,9 +193,7 @@ def test_gpu_cells_make_a_missing_gpu_fail(tmp_path: Path, monkeypatch: pytest.M
     seen: dict[str, str] = {}
     monkeypatch.setattr(job_module, "run", lambda command, env, cwd=None: seen.update(env) or 0)
     job = job_for(tmp_path, [])
-    run_tests(
-        dataclasses.replace(job, gpu=True), {}, Reporter(cell="cuda-gpu")
-    )
+    run_tests(dataclasses.replace(job, gpu=True), {}, Reporter(cell="cuda-gpu"))
     assert seen["TORCH_FALLBACK_REQUIRE_GPU"] == "1"
 
 
@@ -327,7 +325,9 @@ def test_the_example_is_built_against_the_installed_wheel_and_tested(
         lambda command, env, what, cwd=None: calls.append([str(p) for p in command]),
     )
     monkeypatch.setattr(
-        job_module, "run", lambda command, env, cwd=None: calls.append([str(p) for p in command]) or 0
+        job_module,
+        "run",
+        lambda command, env, cwd=None: calls.append([str(p) for p in command]) or 0,
     )
     job = job_for(tmp_path, [])
     job_module.run_example(job, {}, Reporter(cell="cpu"))
@@ -338,7 +338,9 @@ def test_the_example_is_built_against_the_installed_wheel_and_tested(
     assert install[-1] == str(Path(job.work) / "example")
     assert install[0] == str(job.run_venv / "bin" / "python")
     assert tests[tests.index("pytest") + 1] == str(Path(job.work) / "example" / "tests")
-    assert tests[tests.index("--junitxml") + 1] == str(Path(job.artifacts) / "example" / "junit.xml")
+    assert tests[tests.index("--junitxml") + 1] == str(
+        Path(job.artifacts) / "example" / "junit.xml"
+    )
 
     monkeypatch.setattr(job_module, "run", lambda command, env, cwd=None: 1)
     with pytest.raises(StepFailed, match="the tests of examples/third_party_backend failed"):

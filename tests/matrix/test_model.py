@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 
 from fallback_matrix import cli
-from fallback_matrix.matrix import MatrixFileError
-from fallback_matrix.matrix import format_key_path, load_matrix
+from fallback_matrix.matrix import MatrixFileError, format_key_path, load_matrix
 
 
 def problems_of(path: Path) -> str:

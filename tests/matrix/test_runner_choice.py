@@ -8,9 +8,15 @@ from pathlib import Path
 import pytest
 
 import docker
-from fallback_matrix.matrix import RunnerUnavailableError
 from fallback_matrix import runners
-from fallback_matrix.runners import EngineStatus, choose_runner, connect_docker, engine_status, find_python
+from fallback_matrix.matrix import RunnerUnavailableError
+from fallback_matrix.runners import (
+    EngineStatus,
+    choose_runner,
+    connect_docker,
+    engine_status,
+    find_python,
+)
 
 
 @pytest.fixture
@@ -84,8 +90,8 @@ def test_a_python_of_another_version_is_found_under_pyenv(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
 
-    from fallback_matrix.matrix import RunnerUnavailableError
     from fallback_matrix import runners as local
+    from fallback_matrix.matrix import RunnerUnavailableError
 
     monkeypatch.setenv("PYENV_ROOT", str(tmp_path))
     python = tmp_path / "versions" / "3.10.13" / "bin" / "python3.10"

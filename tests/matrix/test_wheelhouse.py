@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from fallback_matrix.wheelhouse import WheelhouseError
-from fallback_matrix.wheelhouse import ProbeResult
 from fallback_matrix.wheelhouse import (
     MANIFEST_NAME,
+    ProbeResult,
+    WheelhouseError,
     WheelhouseRequest,
     ensure_wheelhouse,
     wheelhouse_path,
@@ -227,8 +227,8 @@ def test_wheels_are_downloaded_by_the_cells_own_python(
 ) -> None:
     """pip evaluates dependency markers (tomli; python_version < "3.11") for the Python it
     runs on: a Python 3.10 cell's wheelhouse is filled by a Python 3.10 pip (>= 25.1)."""
-    from fallback_matrix import wheelhouse
     from fallback_matrix import runners as local
+    from fallback_matrix import wheelhouse
 
     commands: list[list[str]] = []
 
