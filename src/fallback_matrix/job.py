@@ -51,13 +51,7 @@ TORCH_LIBRARY_PATTERNS = ("libtorch*.so*", "libc10*.so*", "libshm*.so*")
 CCACHE_WRAPPERS = Path("/usr/lib/ccache")
 PYTEST_NO_TESTS = 5
 PACKAGE_PARENT = Path(__file__).resolve().parents[1]
-
-
-def describe_build(cuda: str | None) -> str:
-    """The torch build a cell must end up with, in words."""
-    if cuda is None:
-        return "a CPU-only build (torch.version.cuda None)"
-    return f"a CUDA {cuda} build (torch.version.cuda {cuda}.x)"
+Command = Sequence[str | Path]
 
 
 @dataclass(frozen=True)
@@ -105,29 +99,34 @@ class Job:
         return Path(self.work) / "venv"
 
     @property
-    def python_bin(self) -> Path:
-        return self.run_venv / "bin" / "python"
-
-    @property
     def test_cwd(self) -> Path:
         return Path(self.work) / "test-cwd"
+
+    def pip(self, *args: str | Path) -> list[str | Path]:
+        """pip of the run venv: ``pip install`` without progress bars."""
+        progress = ["--progress-bar", "off"] if args[:1] == ("install",) else []
+        return [self.run_venv / "bin" / "python", "-m", "pip", *args[:1], *progress, *args[1:]]
 
 
 class StepFailed(Exception):
     """A step failed; the message says what happened and what to do."""
 
 
-def run(command: Sequence[str | Path], env: Mapping[str, str], cwd: Path | None = None) -> int:
+def run(command: Command, env: Mapping[str, str], cwd: Path | None = None) -> int:
     print(f"$ {' '.join(str(part) for part in command)}", flush=True)
     return run_process(command, print, env=env, cwd=cwd)
 
 
-def must_run(
-    command: Sequence[str | Path], env: Mapping[str, str], what: str, cwd: Path | None = None
-) -> None:
+def must_run(command: Command, env: Mapping[str, str], what: str, cwd: Path | None = None) -> None:
     status = run(command, env, cwd)
     if status != 0:
         raise StepFailed(f"{what} failed (exit status {status}); its output is above")
+
+
+def capture(command: Command, env: Mapping[str, str], cwd: Path | None = None) -> Any:
+    """``command`` run to its end, its output captured (a CompletedProcess)."""
+    command = [str(part) for part in command]
+    return subprocess.run(command, env=dict(env), cwd=cwd, capture_output=True, text=True)
 
 
 @contextmanager
@@ -140,10 +139,7 @@ def locked(lock_file: Path, what: str, report: Reporter) -> Iterator[None]:
         except BlockingIOError:
             report.say(f"waiting for another run that holds {what} ({lock_file})")
             fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        yield  # closing the file releases the lock
 
 
 def site_packages(venv: Path) -> Path:
@@ -167,14 +163,8 @@ def ensure_base_env(job: Job, env: Mapping[str, str], report: Reporter) -> Path:
         shutil.rmtree(base, ignore_errors=True)
         report.say(f"creating environment {base} from {job.wheelhouse}")
         must_run([sys.executable, "-m", "venv", base], env, "creating the venv")
-        pip: list[str | Path] = [
-            base / "bin" / "python",
-            "-m",
-            "pip",
-            "install",
-            "--progress-bar",
-            "off",
-        ]
+        pip: list[str | Path] = [base / "bin" / "python", "-m", "pip", "install"]
+        pip += ["--progress-bar", "off"]
         pip += ["--no-index", "--find-links", job.wheelhouse]
         must_run([*pip, PIP_WITH_GROUPS], env, f"installing {PIP_WITH_GROUPS}")
         groups = [f"--group={job.repo}/pyproject.toml:{group}" for group in GROUPS]
@@ -194,10 +184,8 @@ def create_run_venv(job: Job, base: Path, env: Mapping[str, str], report: Report
 
 def check_in_env(job: Job, env: Mapping[str, str], *args: str) -> dict[str, Any]:
     """``python -m fallback_matrix.job ARGS`` in the run venv: its JSON answer."""
-    command = [str(job.python_bin), "-m", "fallback_matrix.job", *args]
-    result = subprocess.run(
-        command, env=dict(env), cwd=PACKAGE_PARENT, capture_output=True, text=True, check=False
-    )
+    python = job.run_venv / "bin" / "python"
+    result = capture([python, "-m", "fallback_matrix.job", *args], env, cwd=PACKAGE_PARENT)
     if result.returncode != 0:
         print(result.stdout + result.stderr, flush=True)
         raise StepFailed(f"checking {args[0]} in {job.run_venv} failed; see the error above")
@@ -209,11 +197,12 @@ def verify_torch(job: Job, env: Mapping[str, str], report: Reporter) -> dict[str
     info = check_in_env(job, env, "torch", job.torch, job.cuda or "-")
     report.say(f"torch {info['version']}, torch.version.cuda={info['cuda']!r}, from {info['file']}")
     if not info.pop("matches"):
+        build = f"a CUDA {job.cuda} build" if job.cuda else "a CPU-only build"
         raise StepFailed(
-            f"cell {job.cell}: WRONG TORCH: wanted torch {job.torch}, {describe_build(job.cuda)}; "
-            f"got torch {info['version']} with torch.version.cuda={info['cuda']!r}. The "
-            f"wheelhouse {job.wheelhouse} holds the wrong build: delete it and run again, or "
-            "check the variant's index (matrix.yaml variants, --index-url)"
+            f"cell {job.cell}: WRONG TORCH: wanted torch {job.torch}, {build}; got torch "
+            f"{info['version']} with torch.version.cuda={info['cuda']!r}. The wheelhouse "
+            f"{job.wheelhouse} holds the wrong build: delete it and run again, or check the "
+            "variant's index (matrix.yaml variants, --index-url)"
         )
     return info
 
@@ -222,15 +211,12 @@ def sync_sources(job: Job, report: Reporter) -> None:
     """Copy the listed files into the build dir, keeping mtimes; remove files no longer listed."""
     dest, copied = job.build_dir, 0
     manifest = dest / ".fallback-matrix-sources.json"
-    previous = (
-        set(json.loads(manifest.read_text(encoding="utf-8"))) if manifest.is_file() else set()
-    )
+    previous = set(json.loads(manifest.read_text(encoding="utf-8")) if manifest.is_file() else [])
     for relative in job.sources:
         source, target = Path(job.repo) / relative, dest / relative
         if not source.is_file():
             continue
-        wanted = source.stat()
-        have = target.stat() if target.is_file() else None
+        wanted, have = source.stat(), target.stat() if target.is_file() else None
         if have and (have.st_size, have.st_mtime_ns) == (wanted.st_size, wanted.st_mtime_ns):
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -257,14 +243,19 @@ def build_env(job: Job, base: Path, env: Mapping[str, str], report: Reporter) ->
         if CCACHE_WRAPPERS.is_dir():
             path.insert(0, str(CCACHE_WRAPPERS))
         ccache = Path(job.cache) / "ccache"
-        build.update(
-            CCACHE_DIR=str(ccache), CCACHE_BASEDIR=str(job.build_dir), CCACHE_NOHASHDIR="1"
-        )
-        build.setdefault("CCACHE_MAXSIZE", "5G")
+        build |= {"CCACHE_DIR": str(ccache), "CCACHE_BASEDIR": str(job.build_dir)}
+        build |= {"CCACHE_NOHASHDIR": "1", "CCACHE_MAXSIZE": env.get("CCACHE_MAXSIZE", "5G")}
         report.say(f"ccache on: {CCACHE_WRAPPERS} first on PATH, CCACHE_DIR={ccache}")
     else:
         report.say("ccache not found: builds are not cached (apt-get install ccache)")
     return build | {"PATH": os.pathsep.join(path)}
+
+
+def one_wheel(directory: Path, what: str) -> Path:
+    wheels = sorted(directory.glob("*.whl"))
+    if len(wheels) != 1:
+        raise StepFailed(f"{what} left {[w.name for w in wheels]} in {directory}, not one wheel")
+    return wheels[0]
 
 
 def build_wheel(job: Job, env: Mapping[str, str]) -> Path:
@@ -272,19 +263,9 @@ def build_wheel(job: Job, env: Mapping[str, str]) -> Path:
     shutil.rmtree(dist, ignore_errors=True)
     if "CCACHE_DIR" in env:
         run(["ccache", "-z"], env)  # the statistics printed at the end are this build's
-    pip_wheel: list[str | Path] = [
-        job.python_bin,
-        "-m",
-        "pip",
-        "wheel",
-        "--no-build-isolation",
-        "--no-deps",
-    ]
-    must_run([*pip_wheel, "--no-index", "-v", "-w", dist, job.build_dir], env, "building the wheel")
-    wheels = sorted(dist.glob("*.whl"))
-    if len(wheels) != 1:
-        raise StepFailed(f"expected one wheel in {dist}, found {[w.name for w in wheels]}")
-    return wheels[0]
+    wheel = job.pip("wheel", "--no-build-isolation", "--no-deps", "--no-index", "-v", "-w", dist)
+    must_run([*wheel, job.build_dir], env, "building the wheel")
+    return one_wheel(dist, "pip wheel")
 
 
 def check_torch_pin(job: Job, wheel: Path, torch_version: str, env: Mapping[str, str]) -> str:
@@ -307,29 +288,21 @@ def repair_wheel(
     out = Path(job.work) / "repaired"
     shutil.rmtree(out, ignore_errors=True)
     excludes = sorted({*TORCH_LIBRARY_PATTERNS, *torch_libraries})
-    auditwheel: list[str | Path] = [job.python_bin, "-m", "auditwheel"]
+    auditwheel: list[str | Path] = [job.run_venv / "bin" / "python", "-m", "auditwheel"]
     options = [f"--exclude={name}" for name in excludes]
     must_run([*auditwheel, "repair", *options, "--wheel-dir", out, wheel], env, "auditwheel repair")
-    repaired = sorted(out.glob("*.whl"))
-    if len(repaired) != 1:
-        raise StepFailed(f"auditwheel repair left {[w.name for w in repaired]} in {out}")
-    show = subprocess.run(
-        [*map(str, auditwheel), "show", str(repaired[0])],
-        env=dict(env),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    repaired = one_wheel(out, "auditwheel repair")
+    show = capture([*auditwheel, "show", repaired], env)
     shown = (
-        f"auditwheel repair, excluding {', '.join(excludes)}: {repaired[0].name}\n"
+        f"auditwheel repair, excluding {', '.join(excludes)}: {repaired.name}\n"
         "(auditwheel show cannot see those exclusions: it calls the unbundled torch "
         "libraries unresolved, hence linux_x86_64; the symbol versions below set the tag)\n"
         + (show.stdout + show.stderr).strip()
     )
     print(shown, flush=True)
-    if show.returncode != 0 or "manylinux" not in repaired[0].name:
-        raise StepFailed(f"auditwheel show failed on {repaired[0].name}; see above")
-    return repaired[0], shown
+    if show.returncode != 0 or "manylinux" not in repaired.name:
+        raise StepFailed(f"auditwheel show failed on {repaired.name}; see above")
+    return repaired, shown
 
 
 def platform_tag(wheel: Path) -> str:
@@ -347,25 +320,10 @@ def install_wheel(job: Job, wheel: Path | None, env: Mapping[str, str], report: 
         source += ["--no-cache-dir", str(job.requirement)]
         what = f"installing {job.requirement} from {job.index_url}"
         report.say(f"{what}; its dependencies from the environment and the wheelhouse")
-    pip_install: list[str | Path] = [
-        job.python_bin,
-        "-m",
-        "pip",
-        "install",
-        "--progress-bar",
-        "off",
-    ]
-    must_run([*pip_install, *source], env, what)
+    must_run(job.pip("install", *source), env, what)
     job.test_cwd.mkdir(parents=True, exist_ok=True)
     probe = "import importlib.util; print(importlib.util.find_spec('torch_fallback').origin)"
-    result = subprocess.run(
-        [str(job.python_bin), "-c", probe],
-        env=dict(env),
-        cwd=job.test_cwd,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    result = capture([job.run_venv / "bin" / "python", "-c", probe], env, cwd=job.test_cwd)
     origin = result.stdout.strip()
     if result.returncode != 0 or not origin.startswith(str(job.run_venv)):
         raise StepFailed(
@@ -377,13 +335,12 @@ def install_wheel(job: Job, wheel: Path | None, env: Mapping[str, str], report: 
 
 def pytest_command(
     job: Job, paths: Sequence[Path], root: Path, junit: Path, name: str
-) -> list[Any]:
+) -> list[str | Path]:
     """pytest on ``paths`` without a cache in the (read-only) repository, with a JUnit report."""
     junit.parent.mkdir(parents=True, exist_ok=True)
-    return [
-        *(job.python_bin, "-m", "pytest", *paths, "--rootdir", root, "-p", "no:cacheprovider"),
-        *("--junitxml", junit, "-o", f"junit_suite_name={name}"),
-    ]
+    command: list[str | Path] = [job.run_venv / "bin" / "python", "-m", "pytest", *paths]
+    command += ["--rootdir", root, "-p", "no:cacheprovider", "--junitxml", junit]
+    return [*command, "-o", f"junit_suite_name={name}"]
 
 
 def run_tests(job: Job, env: Mapping[str, str], report: Reporter) -> None:
@@ -419,14 +376,6 @@ def run_example(job: Job, env: Mapping[str, str], report: Reporter) -> None:
     build = Path(job.work) / "example"  # a copy: the repository is read-only in a container
     shutil.rmtree(build, ignore_errors=True)
     shutil.copytree(source, build, ignore=shutil.ignore_patterns("build", "*.egg-info"))
-    pip_install: list[str | Path] = [
-        job.python_bin,
-        "-m",
-        "pip",
-        "install",
-        "--progress-bar",
-        "off",
-    ]
     offline: list[str | Path] = [
         "--no-build-isolation",
         "--no-index",
@@ -434,7 +383,7 @@ def run_example(job: Job, env: Mapping[str, str], report: Reporter) -> None:
         job.wheelhouse,
         build,
     ]
-    must_run([*pip_install, *offline], env, f"pip install --no-build-isolation {job.example}")
+    must_run(job.pip("install", *offline), env, f"pip install --no-build-isolation {job.example}")
     if not (build / "tests").is_dir():
         raise StepFailed(f"{job.example} has no tests/ directory; the cell runs its tests")
     junit = Path(job.artifacts) / "example" / "junit.xml"
@@ -535,45 +484,38 @@ def cuda_matches(expected: str | None, cuda: str | None) -> bool:
 
 def torch_pins(wheel: Path) -> list[str]:
     """The specifiers of the ``torch`` requirements in a wheel's METADATA."""
-    from packaging.requirements import Requirement
+    from packaging.metadata import Metadata
 
     with zipfile.ZipFile(wheel) as archive:
         name = next((n for n in archive.namelist() if n.endswith(".dist-info/METADATA")), "")
-        text = archive.read(name).decode("utf-8", errors="replace") if name else ""
-    requirements = [
-        Requirement(line.partition(":")[2].strip())
-        for line in text.splitlines()
-        if line.startswith("Requires-Dist:")
-    ]
-    return [str(req.specifier) for req in requirements if req.name == "torch"]
+        metadata = Metadata.from_email(archive.read(name) if name else b"", validate=False)
+    return [str(r.specifier) for r in metadata.requires_dist or [] if r.name == "torch"]
 
 
-def _check_torch(pin: str, cuda: str) -> dict[str, Any]:
+def check(what: str, first: str, second: str) -> dict[str, Any]:
+    """``torch PIN CUDA|-``: the installed torch; ``wheel WHEEL TORCH``: the wheel's torch pin."""
+    if what == "wheel":
+        from packaging.version import Version
+
+        pins, wanted = torch_pins(Path(first)), f"=={Version(second).public}"
+        return {"pins": pins, "wanted": f"torch{wanted}", "matches": pins == [wanted]}
     import torch
 
-    lib = Path(torch.__file__).parent / "lib"
-    expected = None if cuda == "-" else cuda
+    cuda, expected = torch.version.cuda, None if second == "-" else second
     return {
         "version": torch.__version__,
-        "cuda": torch.version.cuda,
+        "cuda": cuda,
         "file": torch.__file__,
-        "libraries": sorted(name for name in os.listdir(lib) if ".so" in name),
-        "matches": torch_matches(pin, torch.__version__)
-        and cuda_matches(expected, torch.version.cuda),
+        "libraries": sorted(
+            n for n in os.listdir(Path(torch.__file__).parent / "lib") if ".so" in n
+        ),
+        "matches": torch_matches(first, torch.__version__) and cuda_matches(expected, cuda),
     }
 
 
-def _check_wheel(wheel: str, torch_version: str) -> dict[str, Any]:
-    from packaging.version import Version
-
-    pins, wanted = torch_pins(Path(wheel)), f"=={Version(torch_version).public}"
-    return {"pins": pins, "wanted": f"torch{wanted}", "matches": pins == [wanted]}
-
-
 def main(argv: Sequence[str]) -> int:
-    checks = {"torch": _check_torch, "wheel": _check_wheel}
-    if len(argv) == 3 and argv[0] in checks:
-        print(json.dumps(checks[argv[0]](argv[1], argv[2])))
+    if len(argv) == 3 and argv[0] in ("torch", "wheel"):
+        print(json.dumps(check(*argv)))
         return 0
     if len(argv) != 1:
         print("usage: python -m fallback_matrix.job JOB.json | torch PIN CUDA | wheel WHEEL TORCH")

@@ -20,7 +20,6 @@ from typing import Annotated, Any, Literal, NamedTuple, cast
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .job import describe_build
 
 MATRIX_FILE_NAME = "matrix.yaml"
 VariantName = Literal["cpu", "cuda"]
@@ -363,10 +362,6 @@ class Cell:
     @property
     def torch_requirement(self) -> str:
         return f"torch=={self.torch}"
-
-    @property
-    def wanted_build(self) -> str:
-        return describe_build(self.cuda)
 
 
 def parse_index_override(text: str) -> tuple[VariantName, str]:
