@@ -21,8 +21,9 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import yaml
 from packaging.utils import parse_wheel_filename
 from rich.table import Table
 
@@ -35,22 +36,22 @@ from .wheelhouse import WheelhouseRequest, ensure_wheelhouse
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 TOOLING_ROW = "tooling"
 CACHE_ENV = "FALLBACK_MATRIX_CACHE"
+# Why a job ended with this status, where the status itself says so.
+EXIT_REASONS = {
+    137: ": killed by SIGKILL, e.g. docker kill or the out-of-memory killer",
+    143: ": stopped by SIGTERM, e.g. docker stop",
+}
 
 
 # --- running cells -------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class CellResult:
+class CellResult(NamedTuple):
     cell: str
     exit_code: int
     seconds: float
     log: Path
     error: str | None
-
-    @property
-    def passed(self) -> bool:
-        return self.exit_code == 0
 
 
 def cache_root(repo: Path) -> Path:
@@ -76,15 +77,15 @@ def source_files(repo: Path) -> list[str]:
 
 def make_job(matrix: LoadedMatrix, cell: Cell, cache: Path, artifacts: Path, **options: Any) -> Job:
     """The job of ``cell`` with host paths (the Docker runner maps them into its container)."""
-    local = cache / "local"
+    local, tests, image = cache / "local", cell.tests, cell.image
     return Job(
         cell=cell.name,
         python=cell.python,
         torch=cell.torch,
         cuda=cell.cuda,
-        test_paths=list(cell.tests.paths),
-        test_markers=cell.tests.markers,
-        allow_empty=cell.tests.allow_empty,
+        test_paths=list(tests.paths),
+        test_markers=tests.markers,
+        allow_empty=tests.allow_empty,
         gpu=cell.gpu,
         sources=source_files(matrix.root),
         repo=str(matrix.root),
@@ -92,18 +93,11 @@ def make_job(matrix: LoadedMatrix, cell: Cell, cache: Path, artifacts: Path, **o
         cache=str(local),
         work=str(local / "work" / cell.name),
         artifacts=str(artifacts),
-        dockerfile=cell.image.dockerfile,
-        base_image=cell.image.base,
+        dockerfile=image.dockerfile,
+        base_image=image.base,
         plain_version=cell.pypi,
         **options,
     )
-
-
-def exit_reason(exit_code: int) -> str:
-    """Why a job ended with this status, where the status itself says so."""
-    if exit_code == 137:
-        return ": killed by SIGKILL, e.g. docker kill or the out-of-memory killer"
-    return ": stopped by SIGTERM, e.g. docker stop" if exit_code == 143 else ""
 
 
 def run_cell(
@@ -129,15 +123,14 @@ def run_cell(
         try:
             cache = cache_root(matrix.root)
             request = WheelhouseRequest.for_cell(cell, matrix.root / "pyproject.toml")
-            wheelhouse = ensure_wheelhouse(
-                request, cell.index.url, cache, log, variant=cell.variant
-            )
-            job = make_job(matrix, cell, cache, artifacts, **options)
-            exit_code, where = runner.run(dataclasses.replace(job, wheelhouse=str(wheelhouse)), log)
+            wheelhouse = ensure_wheelhouse(request, cell.index.url, cache, log, cell.variant)
+            job = make_job(matrix, cell, cache, artifacts, wheelhouse=str(wheelhouse), **options)
+            exit_code, where = runner.run(job, log)
             if exit_code != 0:
+                reason = EXIT_REASONS.get(exit_code, "")
                 error = (
-                    f"cell {cell.name} failed in {where} (exit status {exit_code}"
-                    f"{exit_reason(exit_code)}); log: {log.path}"
+                    f"cell {cell.name} failed in {where} (exit status {exit_code}{reason}); "
+                    f"log: {log.path}"
                 )
         except CellError as problem:
             error = str(problem) if cell.name in str(problem) else f"cell {cell.name}: {problem}"
@@ -287,53 +280,57 @@ class Context:
         for number, cell in enumerate(cells, start=1):
             self.reporter.rule(f"cell {cell.name} ({number}/{len(cells)}) - runner {runner.name}")
             result = run_cell(
-                self.matrix,
-                cell,
-                runner,
+                *(self.matrix, cell, runner),
                 artifacts_root=self.artifacts,
                 reporter=self.reporter,
                 gpus=self.args.gpus,
                 **options,
             )
-            state = "passed" if result.passed else "FAILED"
+            state = "passed" if result.exit_code == 0 else "FAILED"
             self.reporter.say(f"{cell.name} {state} in {result.seconds:.0f}s (log {result.log})")
             results.append(result)
         return results
 
-    def publish(self, names: Sequence[str], title: str, results: Sequence[CellResult] = ()) -> int:
-        """The summary table (also in $GITHUB_STEP_SUMMARY), a closing line, the failures."""
+    def publish(
+        self, names: Sequence[str] | None, title: str, results: Sequence[CellResult] = ()
+    ) -> int:
+        """The summary table (also markdown for GitHub), a closing line, the failures."""
         rows = summary.collect_rows(self.artifacts, names)
+        if not rows:
+            self.reporter.error(f"no cell results under {self.artifacts}; run cells first")
+            return EXIT_USAGE
         self.reporter.table(summary.render_table(rows, title=title))
-        if os.environ.get("GITHUB_STEP_SUMMARY"):
-            with open(os.environ["GITHUB_STEP_SUMMARY"], "a", encoding="utf-8") as handle:
+        target = getattr(self.args, "markdown", None) or os.environ.get("GITHUB_STEP_SUMMARY")
+        if target == "-":
+            print(summary.render_markdown(rows, title=title))
+        elif target:
+            with open(target, "a", encoding="utf-8") as handle:
                 handle.write(summary.render_markdown(rows, title=title))
         self.reporter.line(summary.closing_line(rows, label=title))
-        failed = [result for result in results if not result.passed]
-        for result in failed:
-            self.reporter.error(result.error or f"cell {result.cell} failed; log: {result.log}")
-        return EXIT_FAILED if failed else EXIT_OK
+        for result in results:
+            if result.exit_code != 0:
+                self.reporter.error(result.error or f"cell {result.cell} failed; log: {result.log}")
+        failed = any(row.result != "passed" for row in rows)
+        return EXIT_FAILED if failed or any(r.exit_code for r in results) else EXIT_OK
 
 
 def cmd_list(c: Context) -> int:
     if c.args.json:
         print(json.dumps([dataclasses.asdict(cell) for cell in c.cells], indent=2, default=dict))
         return EXIT_OK
-    title = f"cells of {c.matrix.file.name}" + (
-        f" ({c.args.selection})" if c.args.selection else ""
-    )
-    table = Table(title=title)
+    selection = f" ({c.args.selection})" if c.args.selection else ""
+    table = Table(title=f"cells of {c.matrix.file.name}{selection}")
     for header in ("cell", "variant", "python", "torch", "cuda", "gpu", "runs on", "workflows"):
         table.add_column(header)
     table.add_column("tests")
     for cell in c.cells:
         table.add_row(
             *(cell.name, cell.variant, cell.python, cell.torch, cell.cuda or "-"),
+            *("yes" if cell.gpu else "-", ", ".join(cell.runner_labels)),
             *(
-                "yes" if cell.gpu else "-",
-                ", ".join(cell.runner_labels),
                 ", ".join(cell.selections),
+                f"{' '.join(cell.tests.paths)} -m '{cell.tests.markers}'",
             ),
-            f"{' '.join(cell.tests.paths)} -m '{cell.tests.markers}'",
         )
     c.reporter.table(table)
     for variant, index in sorted({(cell.variant, cell.index) for cell in c.cells}):
@@ -356,20 +353,7 @@ def cmd_reproduce(c: Context) -> int:
 
 
 def cmd_summary(c: Context) -> int:
-    rows = summary.collect_rows(c.artifacts)
-    if not rows:
-        c.reporter.error(f"no cell results under {c.artifacts}; run cells first")
-        return EXIT_USAGE
-    c.reporter.table(summary.render_table(rows))
-    target = c.args.markdown or os.environ.get("GITHUB_STEP_SUMMARY")
-    if target == "-":
-        print(summary.render_markdown(rows))
-    elif target:
-        with open(target, "a", encoding="utf-8") as handle:
-            handle.write(summary.render_markdown(rows))
-        c.reporter.say(f"markdown summary appended to {target}")
-    c.reporter.line(summary.closing_line(rows))
-    return EXIT_OK if all(row.result == "passed" for row in rows) else EXIT_FAILED
+    return c.publish(None, "matrix")
 
 
 def cmd_project_tests(c: Context) -> int:
@@ -471,59 +455,21 @@ def cmd_clean(c: Context) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of every subcommand in cli.yaml."""
+    table = yaml.safe_load(Path(__file__).with_name("cli.yaml").read_text(encoding="utf-8"))
     parser = argparse.ArgumentParser(prog="python -m fallback_matrix", description=__doc__)
     parser.add_argument("--matrix", metavar="PATH", help="default: matrix.yaml here or above")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    def command(name: str, handler: Any, help: str, runner: str | None = None) -> Any:
-        sub = commands.add_parser(name, help=help)
-        sub.set_defaults(handler=handler, selection=None, index_url=None, artifacts=None)
-        sub.add_argument(
-            "--artifacts", metavar="DIR", help="results root (default <repo>/artifacts)"
-        )
-        if runner is not None:
-            sub.add_argument(
-                "--runner",
-                choices=("docker", "local", "auto"),
-                default=runner,
-                help=f"where the job runs (default {runner}; auto: docker when a daemon answers)",
-            )
-            sub.add_argument("--gpus", action="store_true", help="pass the host's GPUs in")
-            sub.add_argument(
-                "--index-url",
-                action="append",
-                metavar="VARIANT=URL",
-                help="the index torch of VARIANT (cpu, cuda) comes from; overrides matrix.yaml",
-            )
-        return sub
-
-    listing = command("list", cmd_list, "show the cells", runner="auto")
-    listing.add_argument("--selection", choices=("pr", "main"), help="only cells of this workflow")
-    listing.add_argument("--json", action="store_true", help="machine-readable output")
-    command("run", cmd_run, "build and test cells", "auto").add_argument("cells", nargs="+")
-    reproduce = command("reproduce", cmd_reproduce, "run one cell as CI runs it", "docker")
-    reproduce.add_argument("cell")
-    summary = command("summary", cmd_summary, "table of the last results under artifacts/")
-    summary.add_argument("--markdown", metavar="PATH", help="append GitHub markdown ('-': stdout)")
-    command("project-tests", cmd_project_tests, "tooling tests, then the project cell", "local")
-    test_wheel = command("test-wheel", cmd_test_wheel, "test a wheel built elsewhere", "docker")
-    test_wheel.add_argument("cell", help="the cell whose torch and tests to use")
-    test_wheel.add_argument("--wheel", required=True, help="the wheel, or a directory with one")
-    test_wheel.add_argument("--as", dest="name", help="name of the results (default: the cell)")
-    command("tooling-tests", cmd_tooling_tests, "the tooling's own tests (tests/matrix)")
-    dist = command("dist", cmd_dist, "collect and check the PyPI cells' wheels into dist/")
-    dist.add_argument("cells", nargs="+")
-    dist.add_argument("--out", default="dist", help="where to (default dist/)")
-    dist.add_argument("--tag", help="the version tag, e.g. v0.1.0 (default $GITHUB_REF_NAME)")
-    publish = command(
-        "publish-local", cmd_publish_local, "twine upload to a local index, install", "docker"
-    )
-    publish.add_argument("--cell", default="cpu", help="the cell to install into (default cpu)")
-    publish.add_argument("--tools", required=True, help="directory holding pypi-server and twine")
-    workflows = command("workflows", cmd_workflows, "generate .github/workflows from matrix.yaml")
-    workflows.add_argument("--check", action="store_true", help="only compare; exit 1 on drift")
-    clean = command("clean", cmd_clean, "remove leftover containers and interrupted fills")
-    clean.add_argument("--caches", action="store_true", help="also images, volume, wheelhouses")
+    for name, command in table["commands"].items():
+        sub = commands.add_parser(name, help=command["help"])
+        handler = globals()[f"cmd_{name.replace('-', '_')}"]
+        sub.set_defaults(handler=handler, selection=None, index_url=None, gpus=False)
+        arguments = table["every"] | command.get("arguments", {})
+        if "runner" in command:
+            arguments |= table["runner"]
+            sub.set_defaults(runner=command["runner"])
+        for argument, options in arguments.items():
+            sub.add_argument(argument, **options)
     return parser
 
 
@@ -540,7 +486,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.handler(Context(args, reporter)))
     except MatrixError as error:
         reporter.error(str(error))
-        return error.exit_code if error.exit_code != EXIT_FAILED else EXIT_FAILED
+        return error.exit_code
     except KeyboardInterrupt:
         reporter.error("interrupted; containers of this run were removed")
         return 130

@@ -20,7 +20,6 @@ from typing import Annotated, Any, Literal, NamedTuple, cast
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-
 MATRIX_FILE_NAME = "matrix.yaml"
 VariantName = Literal["cpu", "cuda"]
 SelectionName = Literal["pr", "main"]

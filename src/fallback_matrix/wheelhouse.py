@@ -27,7 +27,7 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 from urllib.parse import urlparse
 
 import tomllib
@@ -44,6 +44,7 @@ PLATFORMS = (
     *("manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"),
 )
 MANIFEST_NAME = "wheelhouse.json"
+PipDownload = Callable[[Sequence[str], Mapping[str, str] | None], int]  # pip download ARGS in ENV
 
 
 class WheelhouseError(CellError):
@@ -54,12 +55,6 @@ class ProbeResult(NamedTuple):
     url: str
     reachable: bool
     detail: str
-
-
-class PipDownload(Protocol):
-    """Runs ``pip download ARGS`` (in ``env`` when given) and returns its exit status."""
-
-    def __call__(self, args: Sequence[str], env: Mapping[str, str] | None = None) -> int: ...
 
 
 def probe_index(url: str, timeout: float = 3.0) -> ProbeResult:
@@ -123,31 +118,6 @@ def wheelhouse_path(cache_root: Path, request: WheelhouseRequest) -> Path:
     return cache_root / "wheelhouse" / request.dirname()
 
 
-def check_torch_wheel(directory: Path, request: WheelhouseRequest, variant: str) -> Path:
-    """The one torch wheel in ``directory``: the pinned version, and no CPU build for CUDA."""
-    found = sorted(directory.glob("torch-*.whl"))
-    if len(found) != 1:
-        raise WheelhouseError(
-            f"cell {request.cell}: expected exactly one torch wheel for "
-            f"{request.torch_requirement}, found {', '.join(p.name for p in found) or 'none'}"
-        )
-    wanted = request.torch_requirement.removeprefix("torch==")
-    got = parse_wheel_filename(found[0].name)[1]
-    if not torch_matches(wanted, str(got)):
-        raise WheelhouseError(
-            f"cell {request.cell}: pip downloaded {found[0].name} for {request.torch_requirement}: "
-            f"wanted version {wanted}, got {got}. Check the index it used (above) and pip's "
-            "configuration (pip config list)"
-        )
-    if variant == "cuda" and (got.local or "").startswith("cpu"):
-        raise WheelhouseError(
-            f"cell {request.cell}: pip downloaded {found[0].name}, a CPU-only build, for a CUDA "
-            "cell: a find-links folder or index of this machine offers it first. Point the "
-            "cuda variant at an index with CUDA builds (--index-url cuda=URL)"
-        )
-    return found[0]
-
-
 def pip_cert(environ: Mapping[str, str]) -> str | None:
     """The CA bundle pip is configured with (PIP_CERT, else pip's config), if any."""
     for key in ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE"):
@@ -193,10 +163,10 @@ def ensure_wheelhouse(
     index_url: str,
     cache_root: Path,
     log: Reporter,
+    variant: str = "cpu",
     *,
     pip_download: PipDownload | None = None,
     probe: Callable[[str], ProbeResult] = probe_index,
-    variant: str = "cpu",
 ) -> Path:
     """The complete wheelhouse of ``request``, filled now unless an earlier fill completed."""
     final = wheelhouse_path(cache_root, request)
@@ -235,31 +205,46 @@ def _fill(
     probe: ProbeResult,
     variant: str,
 ) -> None:
+    cell, requirement = request.cell, request.torch_requirement
     target = ["--only-binary=:all:", "--python-version", request.python, "--implementation", "cp"]
     target += [option for platform in PLATFORMS for option in ("--platform", platform)]
     target += ["--dest", str(staging)]
-    env: dict[str, str] | None = None
+    env, index_args = None, []
     if probe.reachable:
-        log.say(f"wheelhouse: {request.torch_requirement} from {index_url} (no pip configuration)")
-        cert = pip_cert(os.environ)
-        env = without_pip_config(os.environ)
+        log.say(f"wheelhouse: {requirement} from {index_url} (no pip configuration)")
+        cert, env = pip_cert(os.environ), without_pip_config(os.environ)
         index_args = [*(["--cert", cert] if cert else []), "--index-url", index_url]
     else:
         log.say(f"index {index_url} unreachable ({probe.detail}); using pip's own configuration")
-        index_args = []
-    status = pip_download([*target, *index_args, request.torch_requirement], env)
+    status = pip_download([*target, *index_args, requirement], env)
     if status != 0:
         raise WheelhouseError(
-            f"cell {request.cell}: pip download of {request.torch_requirement} failed (exit "
-            f"{status}); see above. Check the index, or set it with --index-url VARIANT=URL"
+            f"cell {cell}: pip download of {requirement} failed (exit {status}); see above. "
+            "Check the index, or set it with --index-url VARIANT=URL"
         )
-    torch_wheel = check_torch_wheel(staging, request, variant)
-    log.say(f"wheelhouse: got {torch_wheel.name}")
+    found = sorted(staging.glob("torch-*.whl"))
+    if len(found) != 1:
+        names = ", ".join(p.name for p in found) or "none"
+        raise WheelhouseError(f"cell {cell}: expected one torch wheel for {requirement}: {names}")
+    wanted, got = requirement.removeprefix("torch=="), parse_wheel_filename(found[0].name)[1]
+    if not torch_matches(wanted, str(got)):
+        raise WheelhouseError(
+            f"cell {cell}: pip downloaded {found[0].name} for {requirement}: wanted version "
+            f"{wanted}, got {got}. Check the index it used (above) and pip's configuration "
+            "(pip config list)"
+        )
+    if variant == "cuda" and (got.local or "").startswith("cpu"):
+        raise WheelhouseError(
+            f"cell {cell}: pip downloaded {found[0].name}, a CPU-only build, for a CUDA cell: a "
+            "find-links folder or index of this machine offers it first. Point the cuda "
+            "variant at an index with CUDA builds (--index-url cuda=URL)"
+        )
+    log.say(f"wheelhouse: got {found[0].name}")
     groups = [f"--group={request.pyproject}:{name}" for name in GROUPS]
-    status = pip_download([*target, PIP_WITH_GROUPS, *groups])
+    status = pip_download([*target, PIP_WITH_GROUPS, *groups], None)
     if status != 0:
         raise WheelhouseError(
-            f"cell {request.cell}: pip download of the dependency groups failed (exit {status})"
+            f"cell {cell}: pip download of the dependency groups failed ({status})"
         )
     manifest = asdict(request) | {
         "pyproject": str(request.pyproject),
