@@ -68,9 +68,6 @@ class Reporter:
     def say(self, message: str) -> None:
         self.line(f"[+{self.elapsed()}] {self.cell + ' ' if self.cell else ''}{message}")
 
-    def warn(self, message: str) -> None:
-        self.say(f"warning: {message}")
-
     def error(self, message: str) -> None:
         self.line(f"error: {message}")
 

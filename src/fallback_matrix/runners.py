@@ -25,17 +25,14 @@ import sys
 import tarfile
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
 from .job import Job
 from .matrix import CellError, RunnerUnavailableError
 from .report import Reporter, run_process
 
 if TYPE_CHECKING:
-    from docker.types import Mount
-
     from docker import DockerClient
 
 RunnerChoice = Literal["docker", "local", "auto"]
@@ -44,13 +41,9 @@ CELL_LABEL = "org.torch-fallback.matrix.cell"
 CACHE_VOLUME = "torch-fallback-matrix-cache"
 DOCKER_CACHE_ENV = "FALLBACK_MATRIX_DOCKER_CACHE"  # a host directory instead of the volume
 IMAGE_UID = 1000  # the image's user (docker/Dockerfile)
-IMAGE_REPOSITORY = "torch-fallback-build"
 # Where the job sees things in the container; the job file goes to /tmp before it starts.
 REPO, WHEELHOUSE, CACHE, WORK, ARTIFACTS = "/src", "/wheelhouse", "/cache", "/tmp/cell-work", "/out"
 JOB_FILE = "/tmp/fallback-matrix-job.json"
-NO_DAEMON_HINT = (
-    "Start the Docker daemon (sudo systemctl start docker, or sudo dockerd), or use --runner local."
-)
 
 # nox logs at debug level; the SDK's HTTP chatter would drown the cell's own log.
 for _chatty in ("urllib3", "docker"):
@@ -75,20 +68,15 @@ class EngineStatus(NamedTuple):
 
 def connect_docker(timeout: int = 900) -> DockerClient:
     """A client of a daemon that answers (image builds can be silent for minutes)."""
-    try:
-        import docker
-    except ImportError:
-        raise RunnerUnavailableError(
-            "the docker Python package is not installed: pip install docker (nox installs it "
-            "for the noxfile), or use --runner local"
-        ) from None
+    import docker
+
     try:
         client = docker.from_env(timeout=timeout)
         client.ping()
     except docker.errors.DockerException as error:
-        reason = str(error).splitlines()[0][:300]
         raise RunnerUnavailableError(
-            f"no Docker daemon answers ({reason}). {NO_DAEMON_HINT}"
+            f"no Docker daemon answers ({str(error).splitlines()[0][:300]}). Start the Docker "
+            "daemon (sudo systemctl start docker, or sudo dockerd), or use --runner local."
         ) from None
     return client
 
@@ -99,7 +87,7 @@ def engine_status() -> EngineStatus:
         client = connect_docker(timeout=5)
     except RunnerUnavailableError as error:
         return EngineStatus(False, str(error))
-    version = client.version().get("Version", "?")
+    version = client.version().get("Version")
     client.close()
     return EngineStatus(True, f"Docker engine {version} answers")
 
@@ -121,15 +109,6 @@ def choose_runner(
 # --- local ---------------------------------------------------------------------------------------
 
 
-def _python_version(executable: str) -> str | None:
-    probe = "import sys; print('%d.%d' % sys.version_info[:2])"
-    try:
-        result = subprocess.run([executable, "-c", probe], capture_output=True, text=True)
-    except OSError:
-        return None
-    return result.stdout.strip() if result.returncode == 0 else None
-
-
 def find_python(
     version: str,
     which: Callable[[str], str | None] = shutil.which,
@@ -141,8 +120,10 @@ def find_python(
         return sys.executable
     pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
     installed = sorted(pyenv.glob(f"{version}.*/bin/python{version}"), reverse=True)
-    for candidate in [which(f"python{version}"), *map(str, installed)]:
-        if candidate and _python_version(candidate) == version:
+    probe = "import sys; print('%d.%d' % sys.version_info[:2])"
+    for candidate in filter(None, [which(f"python{version}"), *map(str, installed)]):
+        result = subprocess.run([candidate, "-c", probe], capture_output=True, text=True)
+        if result.stdout.strip() == version:
             return candidate
     raise RunnerUnavailableError(
         f"no Python {version} here (this is Python {running}; none on PATH as python{version} "
@@ -162,7 +143,7 @@ class LocalRunner:
         job_file = Path(job.work) / "job.json"
         job_file.write_text(job.to_json(), encoding="utf-8")
         if job.gpus:
-            log.warn("--gpus has no effect with the local runner: the job sees the host's GPUs")
+            log.say("warning: --gpus has no effect with the local runner: the job sees the GPUs")
         source = Path(job.repo) / "src"  # where `python -m` finds fallback_matrix.job
         log.say(f"runner local: {python} -m fallback_matrix.job in {source} (cache {job.cache})")
         status = run_process([python, "-m", "fallback_matrix.job", job_file], log.line, cwd=source)
@@ -172,8 +153,7 @@ class LocalRunner:
 # --- docker --------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ImagePlan:
+class ImagePlan(NamedTuple):
     context: Path
     dockerfile: str
     build_args: Mapping[str, str]
@@ -191,8 +171,9 @@ def plan_image(repo: Path, job: Job) -> ImagePlan:
         digest.update(path.relative_to(context).as_posix().encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
     digest.update(json.dumps(build_args, sort_keys=True).encode())
-    tag = f"{IMAGE_REPOSITORY}:{digest.hexdigest()[:12]}"
-    return ImagePlan(context, dockerfile.name, build_args, tag)
+    return ImagePlan(
+        context, dockerfile.name, build_args, f"torch-fallback-build:{digest.hexdigest()[:12]}"
+    )
 
 
 def ensure_image(client: DockerClient, plan: ImagePlan, log: Reporter) -> str:
@@ -228,43 +209,15 @@ def ensure_image(client: DockerClient, plan: ImagePlan, log: Reporter) -> str:
     return plan.tag
 
 
-@dataclass(frozen=True)
-class ContainerPlan:
-    """Everything about the container of one job; made without touching the engine."""
-
-    job: Job  # as the container sees it
-    image: str
-    name: str
-    mounts: list[Mount]
-    environment: dict[str, str]
-    user: str | None = None  # uid:gid the job runs as; None: the image's user
-    command: list[str] = field(
-        default_factory=lambda: ["python3", "-m", "fallback_matrix.job", JOB_FILE]
-    )
-
-    @property
-    def network(self) -> str:
-        """Offline (the wheelhouse), unless it installs from a package index on this host."""
-        return "host" if self.job.index_url else "none"
-
-
 def cache_user(cache: str, stat: Callable[[str], os.stat_result] = os.stat) -> str | None:
     """The uid:gid to run as for ``cache``: the owner's when it is a host directory.
 
     A named volume (no leading /) takes the image user's ownership; so does a host
-    directory owned by root, which ``prepare_cache_dir`` hands to that user instead.
+    directory owned by root, which ``DockerRunner`` hands to that user instead.
     """
     if cache[:1] != "/" or (info := stat(cache)).st_uid == 0:
         return None
     return f"{info.st_uid}:{info.st_gid}"
-
-
-def prepare_cache_dir(cache: str) -> None:
-    """Create a host cache directory; one owned by root goes to the image's user."""
-    path = Path(cache)
-    path.mkdir(parents=True, exist_ok=True)
-    if path.stat().st_uid == 0 and os.geteuid() == 0:
-        os.chown(path, IMAGE_UID, IMAGE_UID)
 
 
 def plan_container(
@@ -275,46 +228,38 @@ def plan_container(
     environ: Mapping[str, str] | None = None,
     suffix: str | None = None,
     user: str | None = None,
-) -> ContainerPlan:
-    from docker.types import Mount
+) -> tuple[Job, dict[str, Any]]:
+    """The job as the container sees it, and the arguments of ``containers.create``."""
+    from docker.types import DeviceRequest, Mount
 
     wheel = job.prebuilt_wheel  # a wheel staged under the repository
     if wheel:
         wheel = f"{REPO}/{Path(wheel).relative_to(job.repo).as_posix()}"
     inside = dataclasses.replace(
-        job,
-        repo=REPO,
-        wheelhouse=WHEELHOUSE,
-        cache=CACHE,
-        work=WORK,
-        artifacts=ARTIFACTS,
-        prebuilt_wheel=wheel,
+        job, repo=REPO, wheelhouse=WHEELHOUSE, cache=CACHE, work=WORK, artifacts=ARTIFACTS
     )
-    environment = {"PYTHONUNBUFFERED": "1", "HOME": "/tmp"}
+    inside = dataclasses.replace(inside, prebuilt_wheel=wheel)
+    environment = {"PYTHONUNBUFFERED": "1", "HOME": "/tmp"}  # a uid without a passwd entry
     if environ and environ.get("CI"):
         environment["CI"] = environ["CI"]
-    return ContainerPlan(
-        job=inside,
-        image=image,
-        name=f"fallback-matrix-{job.cell}-{suffix or uuid.uuid4().hex[:8]}",
-        mounts=[
+    gpus = [DeviceRequest(count=-1, capabilities=[["gpu"]])] if job.gpus or job.gpu else None
+    return inside, {
+        "image": image,
+        "command": ["python3", "-m", "fallback_matrix.job", JOB_FILE],
+        "name": f"fallback-matrix-{job.cell}-{suffix or uuid.uuid4().hex[:8]}",
+        "labels": {LABEL: "1", CELL_LABEL: job.cell},
+        "environment": environment,
+        "mounts": [
             Mount(REPO, job.repo, type="bind", read_only=True),
             Mount(WHEELHOUSE, job.wheelhouse, type="bind", read_only=True),
             Mount(CACHE, volume, type="bind" if volume[:1] == "/" else "volume"),
         ],
-        environment=environment,
-        user=user,
-    )
-
-
-def tar_one_file(path: str, text: str) -> bytes:
-    """A tar holding one file, to put into the container before it starts."""
-    payload, buffer = text.encode(), io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        info = tarfile.TarInfo(PurePosixPath(path).name)
-        info.size, info.mode = len(payload), 0o644
-        archive.addfile(info, io.BytesIO(payload))
-    return buffer.getvalue()
+        # offline (the wheelhouse), unless it installs from a package index on this host
+        "network_mode": "host" if job.index_url else "none",
+        "device_requests": gpus,
+        "working_dir": f"{REPO}/src",  # where python -m finds fallback_matrix
+        "user": user or "",
+    }
 
 
 def extract_archive(chunks: Iterable[bytes], destination: Path) -> list[str]:
@@ -341,36 +286,27 @@ def lines_of(chunks: Iterable[bytes]) -> Iterator[str]:
         yield pending
 
 
-def run_container(client: DockerClient, plan: ContainerPlan, log: Reporter, artifacts: Path) -> int:
+def run_container(
+    client: DockerClient, job: Job, create: Mapping[str, Any], log: Reporter, artifacts: Path
+) -> int:
     """Run the planned container to its end; always remove it. Returns its exit status."""
     import docker
 
-    gpus = plan.job.gpus or plan.job.gpu
-    container = client.containers.create(
-        image=plan.image,
-        command=plan.command,
-        name=plan.name,
-        labels={LABEL: "1", CELL_LABEL: plan.job.cell},
-        environment=plan.environment,
-        mounts=plan.mounts,
-        network_mode=plan.network,
-        device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
-        if gpus
-        else None,
-        working_dir=f"{REPO}/src",  # where python -m finds fallback_matrix
-        user=plan.user or "",
-    )
+    container = client.containers.create(**create)
     try:
-        log.say(f"container {plan.name} from image {plan.image}")
-        container.put_archive(
-            str(PurePosixPath(JOB_FILE).parent), tar_one_file(JOB_FILE, plan.job.to_json())
-        )
+        log.say(f"container {create['name']} from image {create['image']}")
+        payload, archive = job.to_json().encode(), io.BytesIO()
+        with tarfile.open(fileobj=archive, mode="w") as tar:  # the job file, before it starts
+            info = tarfile.TarInfo(PurePosixPath(JOB_FILE).name)
+            info.size, info.mode = len(payload), 0o644
+            tar.addfile(info, io.BytesIO(payload))
+        container.put_archive(str(PurePosixPath(JOB_FILE).parent), archive.getvalue())
         try:
             container.start()
         except docker.errors.APIError as error:
-            if gpus and "gpu" in str(error).lower():
+            if create["device_requests"] and "gpu" in str(error).lower():
                 raise RunnerUnavailableError(
-                    f"cell {plan.job.cell}: Docker cannot give the container a GPU "
+                    f"cell {job.cell}: Docker cannot give the container a GPU "
                     f"({error.explanation}). Install the NVIDIA Container Toolkit on this "
                     "machine, or run on a GPU runner"
                 ) from None
@@ -379,17 +315,16 @@ def run_container(client: DockerClient, plan: ContainerPlan, log: Reporter, arti
             log.line(line)
         status = int(container.wait().get("StatusCode", 1))
         try:
-            stream, _ = container.get_archive(ARTIFACTS)
-            copied = extract_archive(stream, artifacts)
+            copied = extract_archive(container.get_archive(ARTIFACTS)[0], artifacts)
             log.say(f"artifacts: {', '.join(sorted(copied)) or 'none'} -> {artifacts}")
         except docker.errors.NotFound:
-            log.warn(f"the container has no {ARTIFACTS}; no artifacts copied")
+            log.say(f"warning: the container has no {ARTIFACTS}; no artifacts copied")
         return status
     finally:
         try:
             container.remove(force=True)
         except docker.errors.DockerException as error:
-            log.warn(f"could not remove container {plan.name}: {error}; `clean` removes leftovers")
+            log.say(f"warning: could not remove {create['name']}: {error}; `clean` removes it")
 
 
 class DockerRunner:
@@ -403,10 +338,14 @@ class DockerRunner:
 
     def run(self, job: Job, log: Reporter) -> tuple[int, str]:
         client = self._client = self._client or connect_docker()
-        if self.volume[:1] == "/":
-            prepare_cache_dir(self.volume)
+        if self.volume[:1] == "/":  # a host directory: one owned by root goes to the image user
+            Path(self.volume).mkdir(parents=True, exist_ok=True)
+            if Path(self.volume).stat().st_uid == 0 and os.geteuid() == 0:
+                os.chown(self.volume, IMAGE_UID, IMAGE_UID)
         image = ensure_image(client, plan_image(Path(job.repo), job), log)
         user = cache_user(self.volume)
-        plan = plan_container(job, image, volume=self.volume, environ=os.environ, user=user)
-        status = run_container(client, plan, log, Path(job.artifacts))
-        return status, f"container {plan.name}, image {image}"
+        inside, create = plan_container(
+            job, image, volume=self.volume, environ=os.environ, user=user
+        )
+        status = run_container(client, inside, create, log, Path(job.artifacts))
+        return status, f"container {create['name']}, image {image}"

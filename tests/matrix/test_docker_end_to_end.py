@@ -6,7 +6,6 @@ matrix uses, so a later `nox -s build-<cell>` reuses it.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import threading
@@ -64,9 +63,11 @@ class CommandRunner:
 
     def run(self, job: Job, log: Reporter) -> tuple[int, str]:
         image = ensure_image(self.client, plan_image(Path(job.repo), job), log)
-        plan = plan_container(job, image, volume=self.volume)
-        plan = dataclasses.replace(plan, command=["sh", "-c", self.script])
-        return run_container(self.client, plan, log, Path(job.artifacts)), f"image {image}"
+        inside, create = plan_container(job, image, volume=self.volume)
+        create["command"] = ["sh", "-c", self.script]
+        return run_container(
+            self.client, inside, create, log, Path(job.artifacts)
+        ), f"image {image}"
 
 
 def fake_complete_wheelhouse(cache: Path, cell: Cell, repo: Path) -> None:

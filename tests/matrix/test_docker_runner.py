@@ -76,15 +76,16 @@ def fake_client(container: MagicMock) -> MagicMock:
 
 
 def test_plan_mounts_repo_and_wheelhouse_read_only(work: Job) -> None:
-    plan = plan_container(work, "torch-fallback-build:abc", volume="cache-volume", suffix="x1")
-    mounts = {mount["Target"]: mount for mount in plan.mounts}
+    _, plan = plan_container(work, "torch-fallback-build:abc", volume="cache-volume", suffix="x1")
+    mounts = {mount["Target"]: mount for mount in plan["mounts"]}
     assert mounts["/src"]["Source"] == work.repo and mounts["/src"]["ReadOnly"]
     assert mounts["/wheelhouse"]["Source"] == work.wheelhouse and mounts["/wheelhouse"]["ReadOnly"]
     assert mounts["/cache"]["Type"] == "volume" and mounts["/cache"]["Source"] == "cache-volume"
     assert not mounts["/cache"]["ReadOnly"]
-    assert plan.name == "fallback-matrix-cpu-x1"
+    assert plan["name"] == "fallback-matrix-cpu-x1"
     # the job is the package's own module, found in the mounted src/ (working directory)
-    assert plan.command == [
+    assert plan["working_dir"] == "/src/src"
+    assert plan["command"] == [
         "python3",
         "-m",
         "fallback_matrix.job",
@@ -93,7 +94,7 @@ def test_plan_mounts_repo_and_wheelhouse_read_only(work: Job) -> None:
 
 
 def test_plan_job_uses_container_paths(work: Job) -> None:
-    job = plan_container(work, "img").job
+    job, _ = plan_container(work, "img")
     assert (job.repo, job.wheelhouse, job.cache, job.artifacts) == (
         "/src",
         "/wheelhouse",
@@ -104,18 +105,18 @@ def test_plan_job_uses_container_paths(work: Job) -> None:
     assert job.cuda is None
     assert job.test_markers == "not requires_cuda"
     staged = dataclasses.replace(work, prebuilt_wheel=f"{work.repo}/.cache/test-wheel/cpu/x.whl")
-    assert plan_container(staged, "img").job.prebuilt_wheel == "/src/.cache/test-wheel/cpu/x.whl"
+    assert plan_container(staged, "img")[0].prebuilt_wheel == "/src/.cache/test-wheel/cpu/x.whl"
 
 
 def test_plan_passes_ci_through(work: Job) -> None:
-    assert plan_container(work, "img", environ={"CI": "true"}).environment["CI"] == "true"
-    assert "CI" not in plan_container(work, "img", environ={}).environment
+    assert plan_container(work, "img", environ={"CI": "true"})[1]["environment"]["CI"] == "true"
+    assert "CI" not in plan_container(work, "img", environ={})[1]["environment"]
 
 
 def test_gpus_only_when_asked_or_needed(work: Job) -> None:
     def requests(job: Job) -> Any:
         client = fake_client(fake_container())
-        run_container(client, plan_container(job, "img"), MagicMock(), Path("/tmp/unused"))
+        run_container(client, *plan_container(job, "img"), MagicMock(), Path("/tmp/unused"))
         return client.containers.create.call_args.kwargs["device_requests"]
 
     assert requests(work) is None
@@ -160,7 +161,7 @@ def test_a_passing_container_streams_logs_copies_artifacts_and_is_removed(
 ) -> None:
     container = fake_container(exit_code=0)
     client = fake_client(container)
-    status = run_container(client, plan_container(work, "img"), cell_log, Path(work.artifacts))
+    status = run_container(client, *plan_container(work, "img"), cell_log, Path(work.artifacts))
     assert status == 0
     assert "hello\nworld\n" in cell_log.path.read_text()
     assert (Path(work.artifacts) / "junit.xml").read_bytes() == b"<testsuite/>"
@@ -181,7 +182,7 @@ def test_a_failing_container_returns_its_status_and_is_removed(work: Job, cell_l
     container = fake_container(exit_code=1)
     assert (
         run_container(
-            fake_client(container), plan_container(work, "img"), cell_log, Path(work.artifacts)
+            fake_client(container), *plan_container(work, "img"), cell_log, Path(work.artifacts)
         )
         == 1
     )
@@ -192,7 +193,7 @@ def test_ctrl_c_removes_the_container(work: Job, cell_log: Any) -> None:
     container = fake_container(logs_error=KeyboardInterrupt())
     with pytest.raises(KeyboardInterrupt):
         run_container(
-            fake_client(container), plan_container(work, "img"), cell_log, Path(work.artifacts)
+            fake_client(container), *plan_container(work, "img"), cell_log, Path(work.artifacts)
         )
     container.remove.assert_called_once_with(force=True)
 
@@ -207,7 +208,7 @@ def test_gpu_request_without_gpu_support_is_explained(work: Job, cell_log: Any) 
     with pytest.raises(
         RunnerUnavailableError, match="cell cpu: Docker cannot give the container a GPU"
     ):
-        run_container(client, plan, cell_log, Path(work.artifacts))
+        run_container(client, *plan, cell_log, Path(work.artifacts))
     assert client.containers.create.call_args.kwargs["device_requests"][0]["Capabilities"] == [
         ["gpu"]
     ]
@@ -250,12 +251,14 @@ def test_a_host_cache_directory_makes_the_job_run_as_its_owner() -> None:
 
 
 def test_the_plan_carries_the_user_and_the_network(work: Job) -> None:
-    plan = plan_container(work, "img:tag", volume="/ci/cache", user="1001:118")
-    assert plan.user == "1001:118" and plan.network == "none"
-    assert plan.environment["HOME"] == "/tmp"  # a uid without a passwd entry still has a HOME
+    inside, plan = plan_container(work, "img:tag", volume="/ci/cache", user="1001:118")
+    assert plan["user"] == "1001:118" and plan["network_mode"] == "none"
+    assert plan["environment"]["HOME"] == "/tmp"  # a uid without a passwd entry still has a HOME
     client = fake_client(fake_container())
-    run_container(client, plan, MagicMock(), Path("/tmp/unused-artifacts"))
+    run_container(client, inside, plan, MagicMock(), Path("/tmp/unused-artifacts"))
     kwargs = client.containers.create.call_args.kwargs
     assert kwargs["user"] == "1001:118" and kwargs["network_mode"] == "none"
     from_index = dataclasses.replace(work, index_url="http://127.0.0.1:1/simple/", requirement="x")
-    assert plan_container(from_index, "img:tag").network == "host"  # reaches the local index
+    assert (
+        plan_container(from_index, "img:tag")[1]["network_mode"] == "host"
+    )  # reaches the local index
