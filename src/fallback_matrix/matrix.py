@@ -12,7 +12,7 @@ pytorch/test-infra's generate_binary_build_matrix.py.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Hashable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple, cast
@@ -179,30 +179,18 @@ class LoadedMatrix:
         return self.file.parent
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate mapping keys."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
-        seen: dict[Hashable, int] = {}
-        for key_node, _ in node.value:
-            key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
-            if key in seen:
-                raise yaml.MarkedYAMLError(
-                    problem=f"key {key!r} appears twice (lines {seen[key]} and {line}); keep one",
-                    problem_mark=key_node.start_mark,
-                )
-            seen[key] = line
-        return super().construct_mapping(node, deep=deep)
-
-
-def _index_lines(node: yaml.Node | None, path: KeyPath, lines: dict[KeyPath, int]) -> None:
-    if node is None:
-        return
+def _index_lines(node: yaml.Node, path: KeyPath, lines: dict[KeyPath, int]) -> None:
+    """The line of every key path; a key repeated in one mapping is an error."""
     lines[path] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
         for key_node, value_node in node.value:
-            _index_lines(value_node, (*path, str(key_node.value)), lines)
-            lines[(*path, str(key_node.value))] = key_node.start_mark.line + 1
+            key, line = str(key_node.value), key_node.start_mark.line + 1
+            if key in seen:
+                message = f"key {key!r} appears twice (lines {seen[key]} and {line}); keep one"
+                raise yaml.MarkedYAMLError(problem=message, problem_mark=key_node.start_mark)
+            _index_lines(value_node, (*path, key), lines)
+            lines[(*path, key)] = seen[key] = line
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
             _index_lines(item, (*path, index), lines)
@@ -232,9 +220,11 @@ def load_matrix(file: Path) -> LoadedMatrix:
         raise MatrixFileError(file, [Problem("", "file not found; pass --matrix PATH")])
     lines: dict[KeyPath, int] = {}
     try:
-        text = file.read_text(encoding="utf-8")
-        data = yaml.load(text, Loader=_StrictLoader)
-        _index_lines(yaml.compose(text, Loader=yaml.SafeLoader), (), lines)
+        loader = yaml.SafeLoader(file.read_text(encoding="utf-8"))
+        node = loader.get_single_node()
+        if node is not None:
+            _index_lines(node, (), lines)
+        data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
         line = mark.line + 1 if mark is not None else None
@@ -398,32 +388,23 @@ def expand_cells(
     """All cells of ``spec`` (or those in ``selection``: "pr" or "main"), defaults applied."""
     defaults, cells = spec.defaults, []
     for cell in spec.cells:
-        image = defaults.image.model_copy(
-            update=cell.image.model_dump(exclude_none=True) if cell.image else {}
-        )
-        tests = defaults.tests.model_copy(
-            update=cell.tests.model_dump(exclude_none=True) if cell.tests else {}
-        )
-        runner = cell.runner or defaults.runner
         selections = tuple(cell.selections or defaults.selections)
-        if selection is None or selection in selections:
-            cells.append(
-                Cell(
-                    name=cell.name,
-                    variant=cell.variant,
-                    python=cell.python or defaults.python,
-                    torch=cell.torch,
-                    cuda=cell.cuda,
-                    gpu=cell.gpu,
-                    pypi=cell.pypi,
-                    index=_index(spec, cell.variant, environ or {}, index_overrides or {}),
-                    image=image,
-                    tests=tests,
-                    runner=runner,
-                    runner_labels=tuple(spec.runners[runner]),
-                    selections=selections,
-                )
+        if selection is not None and selection not in selections:
+            continue
+        runner = cell.runner or defaults.runner
+        image, tests = (cell.image or ImageOverride(), cell.tests or TestOverride())
+        cells.append(
+            Cell(
+                **cell.model_dump(include={"name", "variant", "torch", "cuda", "gpu", "pypi"}),
+                python=cell.python or defaults.python,
+                index=_index(spec, cell.variant, environ or {}, index_overrides or {}),
+                image=defaults.image.model_copy(update=image.model_dump(exclude_none=True)),
+                tests=defaults.tests.model_copy(update=tests.model_dump(exclude_none=True)),
+                runner=runner,
+                runner_labels=tuple(spec.runners[runner]),
+                selections=selections,
             )
+        )
     return tuple(cells)
 
 
