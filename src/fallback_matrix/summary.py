@@ -12,9 +12,8 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rich.table import Table
 
@@ -23,20 +22,11 @@ from .report import JUNIT_FILE, LOG_FILE, RESULT_FILE, format_elapsed
 HEADERS = ["cell", "runner", "build", "passed", "failed", "skipped", "time", "result"]
 
 
-@dataclass(frozen=True)
-class JUnitCounts:
+class JUnitCounts(NamedTuple):
     passed: int = 0
     failed: int = 0
     errors: int = 0
     skipped: int = 0
-
-    def __add__(self, other: JUnitCounts) -> JUnitCounts:
-        return JUnitCounts(
-            self.passed + other.passed,
-            self.failed + other.failed,
-            self.errors + other.errors,
-            self.skipped + other.skipped,
-        )
 
 
 def read_counts(report: Path) -> JUnitCounts | None:
@@ -45,17 +35,17 @@ def read_counts(report: Path) -> JUnitCounts | None:
         root = ET.parse(report).getroot()
     except (OSError, ET.ParseError):
         return None
-    total = JUnitCounts()
+    total = [0, 0, 0, 0]
     for suite in [root] if root.tag == "testsuite" else root.findall("testsuite"):
-        number = {key: int(suite.get(key, "0") or 0) for key in ("tests", "failures", "errors")}
-        skipped = int(suite.get("skipped", "0") or 0)
-        passed = max(number["tests"] - number["failures"] - number["errors"] - skipped, 0)
-        total += JUnitCounts(passed, number["failures"], number["errors"], skipped)
-    return total
+        tests, failed, errors, skipped = (
+            int(suite.get(key) or 0) for key in ("tests", "failures", "errors", "skipped")
+        )
+        counts = (max(tests - failed - errors - skipped, 0), failed, errors, skipped)
+        total = [a + b for a, b in zip(total, counts, strict=True)]
+    return JUnitCounts(*total)
 
 
-@dataclass(frozen=True)
-class CellRow:
+class CellRow(NamedTuple):
     cell: str
     runner: str
     build: str
@@ -73,10 +63,6 @@ def read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _step(result: dict[str, Any], name: str) -> dict[str, Any]:
-    return next((s for s in result.get("steps", []) if s.get("name") == name), {})
-
-
 def collect_rows(artifacts_root: Path, cells: Sequence[str] | None = None) -> list[CellRow]:
     """Rows for ``cells`` (default: every cell directory under ``artifacts_root``)."""
     if cells is None:
@@ -85,8 +71,9 @@ def collect_rows(artifacts_root: Path, cells: Sequence[str] | None = None) -> li
     for cell in cells:
         directory = artifacts_root / cell
         result = read_json(directory / RESULT_FILE)
+        steps = {step.get("name"): step for step in result.get("steps", [])}
         passed = result.get("exit_code", 0 if result.get("result") == "passed" else 1) == 0
-        build = _step(result, "build").get("status")
+        build = steps.get("build", {}).get("status")
         if build is None:
             build = "not reached" if result.get("failed_step") else "-"
         row = CellRow(
@@ -99,12 +86,11 @@ def collect_rows(artifacts_root: Path, cells: Sequence[str] | None = None) -> li
             log=str(directory / LOG_FILE),
         )
         rows.append(row)
-        if "steps" in result:  # the job ran: the example has a row, reached or not
-            example = _step(result, "example")
+        if steps:  # the job ran: the example has a row, reached or not
+            example = steps.get("example", {})
             state = {"ok": "ok", "failed": "failed"}.get(example.get("status", ""), "not reached")
             tests = read_counts(directory / "example" / JUNIT_FILE)
-            outcome = "passed" if state == "ok" else "FAILED"
-            seconds = example.get("seconds")
+            outcome, seconds = "passed" if state == "ok" else "FAILED", example.get("seconds")
             rows.append(
                 CellRow(f"{cell}/example", row.runner, state, tests, outcome, seconds, row.log)
             )
@@ -114,14 +100,9 @@ def collect_rows(artifacts_root: Path, cells: Sequence[str] | None = None) -> li
 def _cells(row: CellRow) -> list[str]:
     tests = row.tests or JUnitCounts()
     counts = [tests.passed, tests.failed + tests.errors, tests.skipped]
-    return [
-        row.cell,
-        row.runner,
-        row.build,
-        *(str(n) if row.tests is not None else "-" for n in counts),
-        format_elapsed(row.seconds) if row.seconds is not None else "-",
-        row.result,
-    ]
+    numbers = [str(n) for n in counts] if row.tests else ["-"] * 3
+    time = format_elapsed(row.seconds) if row.seconds is not None else "-"
+    return [row.cell, row.runner, row.build, *numbers, time, row.result]
 
 
 def render_table(rows: Sequence[CellRow], title: str = "matrix") -> Table:
@@ -144,6 +125,8 @@ def render_markdown(rows: Sequence[CellRow], title: str = "matrix") -> str:
 
 def closing_line(rows: Sequence[CellRow], label: str = "matrix") -> str:
     """One plain line: '<label>: N passed, N failed, N skipped'."""
-    total = sum((row.tests for row in rows if row.tests is not None), JUnitCounts())
-    failed = total.failed + total.errors
-    return f"{label}: {total.passed} passed, {failed} failed, {total.skipped} skipped"
+    counts = [row.tests for row in rows if row.tests is not None]
+    passed, failed, errors, skipped = (
+        sum(column) for column in zip(*counts, JUnitCounts(), strict=True)
+    )
+    return f"{label}: {passed} passed, {failed + errors} failed, {skipped} skipped"
