@@ -21,7 +21,8 @@ example     the third-party backend every job builds and tests against the wheel
             ``<cell>/example`` of its own
 gpu test    a ``gpu: true`` cell: the wheel of the build cell with the same torch, on a GPU
 cross test  the wheel of a cpu cell on the CUDA build of the same torch release
-workflow    a GitHub workflow generated from the matrix (``workflows``)
+workflow    a GitHub workflow generated from the matrix (``workflows``: the jobs and steps of
+            workflows.yaml filled in per cell)
 
 The job runs inside a container on the image's bare Python: ``job`` and ``report``
 import only the standard library at the top; version checks that need packaging

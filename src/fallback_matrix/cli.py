@@ -280,7 +280,9 @@ class Context:
         for number, cell in enumerate(cells, start=1):
             self.reporter.rule(f"cell {cell.name} ({number}/{len(cells)}) - runner {runner.name}")
             result = run_cell(
-                *(self.matrix, cell, runner),
+                self.matrix,
+                cell,
+                runner,
                 artifacts_root=self.artifacts,
                 reporter=self.reporter,
                 gpus=self.args.gpus,
