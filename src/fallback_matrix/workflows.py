@@ -131,17 +131,17 @@ def job(
     template = dict(DATA["jobs"][kind])
     steps = [step for step in template["steps"] if not isinstance(step, str) or step not in skip]
     template["steps"] = [*(DATA["setup"] if template.pop("setup", True) else []), *before, *steps]
-    return dict(fill(template, values))
+    # the setup step's Pythons: the job's and the tooling's, the last being the default
+    versions = "\n".join(dict.fromkeys([values["python"], DATA["tooling_python"]]))
+    return dict(fill(template, {**values, "versions": versions}))
 
 
 def values_of(cell: Cell, groups: str) -> dict[str, Any]:
     request = WheelhouseRequest(cell.name, cell.python, cell.torch_requirement, groups)
-    versions = "\n".join(dict.fromkeys([cell.python, DATA["tooling_python"]]))
     return {
         "cell": cell.name,
         "torch": cell.torch,
         "python": cell.python,
-        "versions": versions,  # the cell's Python and the tooling's, the last the default
         "labels": list(cell.runner_labels),
         "wheelhouse": request.dirname(),
         "key": request.key(),
@@ -174,7 +174,6 @@ def cell_jobs(
 def workflow(matrix: LoadedMatrix, spec: Mapping[str, Any], groups: str) -> dict[str, Any]:
     defaults = matrix.spec.defaults
     host = {"python": defaults.python, "labels": matrix.spec.runners[defaults.runner]}
-    host["versions"] = "\n".join(dict.fromkeys([defaults.python, DATA["tooling_python"]]))
     jobs: dict[str, Any] = {}
     if "selection" in spec:
         cells = expand_cells(matrix.spec, selection=spec["selection"])
