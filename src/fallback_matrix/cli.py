@@ -75,7 +75,14 @@ def source_files(repo: Path) -> list[str]:
     return sorted(name for name in set(names) if name and (repo / name).is_file())
 
 
-def make_job(matrix: LoadedMatrix, cell: Cell, cache: Path, artifacts: Path, **options: Any) -> Job:
+def make_job(
+    matrix: LoadedMatrix,
+    cell: Cell,
+    cache: Path,
+    artifacts: Path,
+    wheelhouse: str = "",
+    **options: Any,
+) -> Job:
     """The job of ``cell`` with host paths (the Docker runner maps them into its container)."""
     local, tests, image = cache / "local", cell.tests, cell.image
     return Job(
@@ -89,7 +96,7 @@ def make_job(matrix: LoadedMatrix, cell: Cell, cache: Path, artifacts: Path, **o
         gpu=cell.gpu,
         sources=source_files(matrix.root),
         repo=str(matrix.root),
-        wheelhouse="",  # filled once the wheelhouse is ready
+        wheelhouse=wheelhouse,
         cache=str(local),
         work=str(local / "work" / cell.name),
         artifacts=str(artifacts),

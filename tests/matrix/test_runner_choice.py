@@ -9,6 +9,7 @@ import pytest
 
 import docker
 from fallback_matrix.matrix import RunnerUnavailableError
+from fallback_matrix.report import Reporter
 from fallback_matrix.runners import (
     EngineStatus,
     choose_runner,
@@ -94,3 +95,52 @@ def test_a_python_of_another_version_is_found_under_pyenv(
     assert local.find_python("3.10", which=lambda name: None) == str(python)
     with pytest.raises(RunnerUnavailableError, match=r"no Python 3\.9 here.*install Python 3\.9"):
         local.find_python("3.9", which=lambda name: None)
+
+
+# --- one cell from the host's side: wheelhouse, job, runner, result -------------------------------
+
+
+class FakeRunner:
+    name = "fake"
+
+    def __init__(self, status: int) -> None:
+        self.status, self.jobs = status, []  # type: ignore[var-annotated]
+
+    def run(self, job: object, log: Reporter) -> tuple[int, str]:
+        self.jobs.append(job)
+        log.say("the job ran")
+        return self.status, "a fake runner"
+
+
+@pytest.mark.parametrize("status", [0, 137])
+def test_run_cell_gives_the_job_its_wheelhouse_and_records_the_result(
+    repo_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, status: int
+) -> None:
+    import json
+
+    from fallback_matrix.cli import run_cell
+    from fallback_matrix.matrix import expand_cells, load_matrix, pick_cells
+    from fallback_matrix.wheelhouse import MANIFEST_NAME, WheelhouseRequest, wheelhouse_path
+
+    monkeypatch.setenv("FALLBACK_MATRIX_CACHE", str(tmp_path / "cache"))
+    matrix = load_matrix(repo_root / "matrix.yaml")
+    (cell,) = pick_cells(expand_cells(matrix.spec), ["cpu"])
+    request = WheelhouseRequest.for_cell(cell, repo_root / "pyproject.toml")
+    wheelhouse = wheelhouse_path(tmp_path / "cache", request)
+    wheelhouse.mkdir(parents=True)
+    (wheelhouse / MANIFEST_NAME).write_text("{}")  # complete: nothing to download
+    runner = FakeRunner(status)
+    result = run_cell(matrix, cell, runner, artifacts_root=tmp_path / "out", reporter=Reporter())
+    (job,) = runner.jobs
+    assert job.wheelhouse == str(wheelhouse) and job.torch == "2.13.0+cpu"
+    assert "the job ran" in result.log.read_text()
+    record = json.loads((tmp_path / "out" / "cpu" / "result.json").read_text())
+    assert (record["runner"], record["exit_code"], record["where"]) == (
+        "fake",
+        status,
+        "a fake runner",
+    )
+    if status:
+        assert result.error is not None and "killed by SIGKILL" in result.error
+    else:
+        assert result.error is None
