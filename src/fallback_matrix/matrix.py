@@ -409,7 +409,7 @@ def expand_cells(
 
 
 def pick_cells(cells: Iterable[Cell], names: Iterable[str]) -> tuple[Cell, ...]:
-    """The cells called ``names``, in the order asked; UnknownCellError names any unknown one."""
+    """The cells called ``names``, in the order asked; a MatrixError names any unknown one."""
     by_name = {cell.name: cell for cell in cells}
     wanted = list(dict.fromkeys(names))
     unknown = [name for name in wanted if name not in by_name]

@@ -49,7 +49,7 @@ JOB = Job(
 @pytest.mark.parametrize("module", [job_module, report])
 def test_what_a_cell_runs_first_needs_only_the_standard_library(module: Any) -> None:
     """The job starts on an image's bare Python: it and the reporter it shares with the
-    host import nothing else (versions.py runs later, in the cell's environment)."""
+    host import nothing else (its version checks run later, in the cell's environment)."""
     tree = ast.parse(Path(module.__file__).read_text())
     imported = set()
     for node in tree.body:  # the module's own imports; a function may import from the cell

@@ -144,3 +144,33 @@ def test_run_cell_gives_the_job_its_wheelhouse_and_records_the_result(
         assert result.error is not None and "killed by SIGKILL" in result.error
     else:
         assert result.error is None
+
+
+def test_clean_removes_leftovers_and_with_caches_the_caches(
+    repo_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from unittest.mock import MagicMock
+
+    from fallback_matrix import cli, runners
+
+    cache = tmp_path / "cache"
+    (cache / "wheelhouse" / ".torch-x.partial").mkdir(parents=True)
+    (cache / "wheelhouse" / "torch-x").mkdir()
+    monkeypatch.setenv("FALLBACK_MATRIX_CACHE", str(cache))
+    client = MagicMock()
+    leftover = MagicMock()
+    client.containers.list.return_value = [leftover]
+    monkeypatch.setattr(runners, "engine_status", lambda: EngineStatus(True, "answers"))
+    monkeypatch.setattr(runners, "connect_docker", lambda: client)
+    matrix = ["--matrix", str(repo_root / "matrix.yaml")]
+
+    assert cli.main([*matrix, "clean"]) == cli.EXIT_OK
+    assert client.containers.list.call_args.kwargs["filters"] == {"label": runners.LABEL}
+    leftover.remove.assert_called_once_with(force=True)
+    assert not (cache / "wheelhouse" / ".torch-x.partial").exists()
+    assert (cache / "wheelhouse" / "torch-x").is_dir()  # a complete wheelhouse stays
+    client.volumes.list.assert_not_called()
+
+    assert cli.main([*matrix, "clean", "--caches"]) == cli.EXIT_OK
+    assert client.volumes.list.call_args.kwargs["filters"] == {"name": runners.CACHE_VOLUME}
+    assert not cache.exists()
