@@ -398,16 +398,12 @@ def run_steps(job: Job) -> int:
     """Every step of ``job``; result.json records them. 0 when all passed, else 1."""
     report = Reporter(cell=job.cell)
     result: dict[str, Any] = {"cell": job.cell, "result": "failed", "steps": report.steps}
-    env = without_pip_config(os.environ) | {
-        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-        "PIP_NO_INPUT": "1",
-        "PIP_CACHE_DIR": f"{job.cache}/pip",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONUNBUFFERED": "1",
-    }
+    env = without_pip_config(os.environ) | {"PIP_NO_INPUT": "1", "PYTHONUNBUFFERED": "1"}
+    env |= {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    env["PIP_CACHE_DIR"] = f"{job.cache}/pip"
     build, artifacts, wheel = env, Path(job.artifacts), None
-    for directory in (Path(job.work), artifacts):
-        directory.mkdir(parents=True, exist_ok=True)
+    Path(job.work).mkdir(parents=True, exist_ok=True)
+    artifacts.mkdir(parents=True, exist_ok=True)
     os.chdir(job.work)  # started from the (read-only) package source; work elsewhere
     try:
         with report.step("environment", STEPS):
