@@ -268,10 +268,7 @@ class Context:
         self.matrix = matrix.load_matrix(file)
         overrides = dict(matrix.parse_index_override(text) for text in args.index_url or [])
         self.cells = matrix.expand_cells(
-            self.matrix.spec,
-            environ=os.environ,
-            index_overrides=overrides,
-            selection=args.selection,
+            self.matrix.spec, environ=os.environ, index_overrides=overrides
         )
         artifacts = args.artifacts
         self.artifacts = Path(artifacts).resolve() if artifacts else self.matrix.root / "artifacts"
@@ -309,10 +306,7 @@ class Context:
             self.reporter.error(f"no cell results under {self.artifacts}; run cells first")
             return EXIT_USAGE
         self.reporter.table(summary.render_table(rows, title=title))
-        target = getattr(self.args, "markdown", None) or os.environ.get("GITHUB_STEP_SUMMARY")
-        if target == "-":
-            print(summary.render_markdown(rows, title=title))
-        elif target:
+        if target := os.environ.get("GITHUB_STEP_SUMMARY"):
             with open(target, "a", encoding="utf-8") as handle:
                 handle.write(summary.render_markdown(rows, title=title))
         self.reporter.line(summary.closing_line(rows, label=title))
@@ -324,11 +318,7 @@ class Context:
 
 
 def cmd_list(c: Context) -> int:
-    if c.args.json:
-        print(json.dumps([dataclasses.asdict(cell) for cell in c.cells], indent=2, default=dict))
-        return EXIT_OK
-    selection = f" ({c.args.selection})" if c.args.selection else ""
-    table = Table(title=f"cells of {c.matrix.file.name}{selection}")
+    table = Table(title=f"cells of {c.matrix.file.name}")
     for header in ("cell", "variant", "python", "torch", "cuda", "gpu", "runs on", "workflows"):
         table.add_column(header)
     table.add_column("tests")
@@ -472,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, command in table["commands"].items():
         sub = commands.add_parser(name, help=command["help"])
         handler = globals()[f"cmd_{name.replace('-', '_')}"]
-        sub.set_defaults(handler=handler, selection=None, index_url=None, gpus=False)
+        sub.set_defaults(handler=handler, index_url=None, gpus=False)
         arguments = table["every"] | command.get("arguments", {})
         if "runner" in command:
             arguments |= table["runner"]
