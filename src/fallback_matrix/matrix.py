@@ -344,8 +344,7 @@ class Cell:
     index: IndexUrl
     image: ImageSpec
     tests: TestSelection
-    runner: str
-    runner_labels: tuple[str, ...]
+    runner_labels: tuple[str, ...]  # the labels of its runner (matrix.yaml `runners`)
     selections: tuple[SelectionName, ...]
 
     @property
@@ -391,7 +390,6 @@ def expand_cells(
         selections = tuple(cell.selections or defaults.selections)
         if selection is not None and selection not in selections:
             continue
-        runner = cell.runner or defaults.runner
         image, tests = (cell.image or ImageOverride(), cell.tests or TestOverride())
         cells.append(
             Cell(
@@ -400,8 +398,7 @@ def expand_cells(
                 index=_index(spec, cell.variant, environ or {}, index_overrides or {}),
                 image=defaults.image.model_copy(update=image.model_dump(exclude_none=True)),
                 tests=defaults.tests.model_copy(update=tests.model_dump(exclude_none=True)),
-                runner=runner,
-                runner_labels=tuple(spec.runners[runner]),
+                runner_labels=tuple(spec.runners[cell.runner or defaults.runner]),
                 selections=selections,
             )
         )
