@@ -124,10 +124,11 @@ def fill(template: Any, values: Mapping[str, Any]) -> Any:
     return template
 
 
-def job(
+def workflow_job(
     kind: str, values: Mapping[str, Any], skip: Collection[str] = (), before: Sequence[Any] = ()
 ) -> dict[str, Any]:
-    """The job ``kind`` of workflows.yaml filled in; steps in ``skip`` left out."""
+    """The GitHub job ``kind`` of workflows.yaml filled in (not a cell's ``job.Job``); steps in
+    ``skip`` left out."""
     template = dict(DATA["jobs"][kind])
     steps = [step for step in template["steps"] if not isinstance(step, str) or step not in skip]
     template["steps"] = [*(DATA["setup"] if template.pop("setup", True) else []), *before, *steps]
@@ -154,7 +155,7 @@ def cell_jobs(
     """build-, gpu- (not in a release) and cross- jobs; a release restores no cache."""
     skip = CACHES if release else ()
     jobs = {
-        f"build-{cell.name}": job("build", values_of(cell, groups), skip)
+        f"build-{cell.name}": workflow_job("build", values_of(cell, groups), skip)
         for cell in cells
         if not cell.gpu
     }
@@ -163,11 +164,11 @@ def cell_jobs(
         if main_only and "self-hosted" in labels:  # pull requests cannot reach it: say so
             labels = Commented(labels, DATA["self_hosted_justification"])
         values = values_of(cell, groups) | {"source": source.name, "labels": labels}
-        jobs[f"gpu-{cell.name}"] = job("gpu", values)
+        jobs[f"gpu-{cell.name}"] = workflow_job("gpu", values)
     for cross in cross_tests(cells):
         values = values_of(dataclasses.replace(cross.cuda, name=cross.name), groups)
         values |= {"source": cross.cpu.name, "cuda": cross.cuda.name}
-        jobs[cross.name] = job("cross", values, skip)
+        jobs[cross.name] = workflow_job("cross", values, skip)
     return jobs
 
 
@@ -181,7 +182,7 @@ def workflow(matrix: LoadedMatrix, spec: Mapping[str, Any], groups: str) -> dict
         main_only = "pull_request" not in spec["on"]
         jobs = cell_jobs(cells, groups, release=release, main_only=main_only)
         if jobs and not release:
-            jobs["summary"] = job("summary", host | {"needs": list(jobs)})
+            jobs["summary"] = workflow_job("summary", host | {"needs": list(jobs)})
         if release:
             published = [cell.name for cell in cells if cell.pypi and not cell.gpu]
             if not published:
@@ -191,9 +192,9 @@ def workflow(matrix: LoadedMatrix, spec: Mapping[str, Any], groups: str) -> dict
                 )
             downloads = [fill(DATA["steps"]["download"], {"source": name}) for name in published]
             values = host | {"needs": list(jobs), "published": " ".join(published)}
-            jobs["dist"] = job("dist", values, before=downloads)
+            jobs["dist"] = workflow_job("dist", values, before=downloads)
     for name in spec.get("jobs", ()):
-        jobs.setdefault(name, job(name, host))
+        jobs.setdefault(name, workflow_job(name, host))
     cancel = spec.get("cancel", "${{ github.event_name == 'pull_request' }}")
     return dict(
         fill(
