@@ -21,8 +21,7 @@ from pathlib import Path
 import nox
 
 from fallback_matrix import cli
-from fallback_matrix.cells import expand_cells
-from fallback_matrix.loader import find_matrix_file, load_matrix
+from fallback_matrix.matrix import expand_cells, find_matrix_file, load_matrix
 from fallback_matrix.workflows import CrossTest, cross_tests
 
 ROOT = Path(__file__).resolve().parent

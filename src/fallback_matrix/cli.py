@@ -1,4 +1,4 @@
-"""python -m fallback_matrix: list, run, reproduce and summarize matrix cells.
+"""python -m fallback_matrix: list, run, reproduce and summarize matrix cells; releases.
 
 Exit status: 0 when everything asked for passed, 1 when a cell or test failed,
 2 when the request itself was wrong (bad matrix file, unknown cell, no runner).
@@ -7,566 +7,488 @@ Exit status: 0 when everything asked for passed, 1 when a cell or test failed,
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
+import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from types import FrameType
+from typing import Any, NamedTuple
 
+import yaml
+from packaging.utils import parse_wheel_filename
 from rich.table import Table
 
-from .cells import Cell, expand_cells, parse_index_override, pick_cells
-from .errors import MatrixError
-from .loader import LoadedMatrix, find_matrix_file, load_matrix
-from .paths import artifacts_root, cache_root
-from .pipeline import CellResult, run_cells
-from .report import Reporter
-from .runners.choose import decide_runner, make_runner
-from .summary import (
-    JUNIT_FILE,
-    RESULT_FILE,
-    closing_line,
-    collect_rows,
-    render_markdown,
-    render_table,
-)
+from . import matrix, runners, summary
+from .job import Job
+from .matrix import Cell, CellError, LoadedMatrix, MatrixError, pick_cells
+from .report import JUNIT_FILE, LOG_FILE, RESULT_FILE, Reporter, run_process
+from .wheelhouse import WheelhouseRequest, ensure_wheelhouse
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 TOOLING_ROW = "tooling"
+CACHE_ENV = "FALLBACK_MATRIX_CACHE"
+# Why a job ended with this status, where the status itself says so.
+EXIT_REASONS = {
+    137: ": killed by SIGKILL, e.g. docker kill or the out-of-memory killer",
+    143: ": stopped by SIGTERM, e.g. docker stop",
+}
 
 
-# --- shared helpers ------------------------------------------------------------------------------
+# --- running cells -------------------------------------------------------------------------------
 
 
-def _matrix(args: argparse.Namespace) -> LoadedMatrix:
-    file = Path(args.matrix) if args.matrix else find_matrix_file(Path.cwd())
-    return load_matrix(file)
+class CellResult(NamedTuple):
+    cell: str
+    exit_code: int
+    seconds: float
+    log: Path
+    error: str | None
 
 
-def _cells(args: argparse.Namespace, matrix: LoadedMatrix) -> tuple[Cell, ...]:
-    overrides = dict(parse_index_override(text) for text in getattr(args, "index_url", None) or [])
-    return expand_cells(
-        matrix.spec,
-        environ=os.environ,
-        index_overrides=overrides,
-        selection=getattr(args, "selection", None),
-    )
+def cache_root(repo: Path) -> Path:
+    """<repo>/.cache/fallback-matrix, or $FALLBACK_MATRIX_CACHE."""
+    configured = os.environ.get(CACHE_ENV)
+    return Path(configured).resolve() if configured else repo / ".cache" / "fallback-matrix"
 
 
-def _artifacts(args: argparse.Namespace, matrix: LoadedMatrix) -> Path:
-    return (
-        Path(args.artifacts).resolve()
-        if getattr(args, "artifacts", None)
-        else artifacts_root(matrix.root)
-    )
+def source_files(repo: Path) -> list[str]:
+    """The files a build needs: git's tracked and untracked-but-not-ignored files, else a walk."""
+    git = ["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard"]
+    try:
+        names = subprocess.run(git, capture_output=True, check=True).stdout.decode().split("\0")
+    except (OSError, subprocess.CalledProcessError):
+        skipped = {".git", ".cache", ".nox", ".venv", "artifacts", "build", "dist", "__pycache__"}
+        names = []
+        for directory, subdirs, files in os.walk(repo):
+            subdirs[:] = [d for d in subdirs if d not in skipped and not d.endswith(".egg-info")]
+            base = Path(directory).relative_to(repo)
+            names += [str(base / name) for name in files if not name.endswith((".so", ".pyc"))]
+    return sorted(name for name in set(names) if name and (repo / name).is_file())
 
 
-def _publish(reporter: Reporter, artifacts: Path, names: Sequence[str], title: str) -> None:
-    """The summary table on the terminal, in $GITHUB_STEP_SUMMARY when set, and a closing line."""
-    rows = collect_rows(artifacts, names)
-    reporter.table(render_table(rows, title=title))
-    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if step_summary:
-        with open(step_summary, "a", encoding="utf-8") as handle:
-            handle.write(render_markdown(rows, title=title))
-    reporter.line(closing_line(rows, label=title))
-
-
-def _report_failures(reporter: Reporter, results: Sequence[CellResult]) -> int:
-    failed = [result for result in results if not result.passed]
-    for result in failed:
-        reporter.error(result.error or f"cell {result.cell} failed; log: {result.log}")
-    return EXIT_FAILED if failed else EXIT_OK
-
-
-def _execute(
-    args: argparse.Namespace,
-    reporter: Reporter,
+def make_job(
     matrix: LoadedMatrix,
-    cells: Sequence[Cell],
-    runner_choice: str,
-) -> list[CellResult]:
-    decision = decide_runner(runner_choice)  # type: ignore[arg-type]
-    reporter.say(f"runner {decision.name} ({decision.reason})")
-    return run_cells(
-        matrix,
-        cells,
-        make_runner(decision),
-        cache_root=cache_root(matrix.root),
-        artifacts_root=_artifacts(args, matrix),
-        gpus=args.gpus,
-        reporter=reporter,
+    cell: Cell,
+    cache: Path,
+    artifacts: Path,
+    wheelhouse: str = "",
+    **options: Any,
+) -> Job:
+    """The job of ``cell`` with host paths (the Docker runner maps them into its container)."""
+    local, tests, image = cache / "local", cell.tests, cell.image
+    return Job(
+        cell=cell.name,
+        python=cell.python,
+        torch=cell.torch,
+        cuda=cell.cuda,
+        test_paths=list(tests.paths),
+        test_markers=tests.markers,
+        allow_empty=tests.allow_empty,
+        gpu=cell.gpu,
+        sources=source_files(matrix.root),
+        repo=str(matrix.root),
+        wheelhouse=wheelhouse,
+        cache=str(local),
+        work=str(local / "work" / cell.name),
+        artifacts=str(artifacts),
+        dockerfile=image.dockerfile,
+        base_image=image.base,
+        plain_version=cell.pypi,
+        **options,
     )
 
 
-# --- subcommands ---------------------------------------------------------------------------------
-
-
-def cmd_list(args: argparse.Namespace, reporter: Reporter) -> int:
-    matrix = _matrix(args)
-    cells = _cells(args, matrix)
-    if args.json:
-        payload = [
-            {
-                "name": c.name,
-                "variant": c.variant,
-                "python": c.python,
-                "torch": c.torch,
-                "cuda": c.cuda,
-                "gpu": c.gpu,
-                "runner": c.runner,
-                "runner_labels": list(c.runner_labels),
-                "selections": list(c.selections),
-                "index_url": c.index.url,
-                "image": {"dockerfile": c.image.dockerfile, "base": c.image.base},
-                "tests": {
-                    "paths": list(c.tests.paths),
-                    "markers": c.tests.markers,
-                    "allow_empty": c.tests.allow_empty,
-                },
-            }
-            for c in cells
-        ]
-        print(json.dumps(payload, indent=2))
-        return EXIT_OK
-    table = Table(
-        title=f"cells of {matrix.file.name}" + (f" ({args.selection})" if args.selection else "")
-    )
-    for header in (
-        "cell",
-        "variant",
-        "python",
-        "torch",
-        "cuda",
-        "gpu",
-        "runs on",
-        "workflows",
-        "tests",
-    ):
-        table.add_column(header)
-    for c in cells:
-        table.add_row(
-            c.name,
-            c.variant,
-            c.python,
-            c.torch,
-            c.cuda or "-",
-            "yes" if c.gpu else "-",
-            ", ".join(c.runner_labels),
-            ", ".join(c.selections),
-            f"{' '.join(c.tests.paths)} -m '{c.tests.markers}'",
+def run_cell(
+    matrix: LoadedMatrix,
+    cell: Cell,
+    runner: runners.Runner,
+    *,
+    artifacts_root: Path,
+    reporter: Reporter,
+    **options: Any,
+) -> CellResult:
+    """Run one cell (``options``: Job fields); a failure ends up in the result, never raised."""
+    artifacts = artifacts_root / cell.name
+    shutil.rmtree(artifacts, ignore_errors=True)
+    artifacts.mkdir(parents=True)
+    started, error, exit_code, where = time.monotonic(), None, 1, runner.name
+    with reporter.for_cell(cell.name, artifacts / LOG_FILE) as log:
+        log.say(
+            f"torch=={cell.torch} ({cell.variant}), Python {cell.python}, tests "
+            f"{' '.join(cell.tests.paths)} -m {cell.tests.markers!r}, index {cell.index.url} "
+            f"({cell.index.source})"
         )
-    reporter.table(table)
-    for variant, index in sorted({(c.variant, c.index) for c in cells}):
-        reporter.line(f"index {variant}: {index.url}  ({index.source})")
-    return EXIT_OK
-
-
-def cmd_run(args: argparse.Namespace, reporter: Reporter) -> int:
-    matrix = _matrix(args)
-    cells = pick_cells(_cells(args, matrix), args.cells)
-    results = _execute(args, reporter, matrix, cells, args.runner)
-    _publish(reporter, _artifacts(args, matrix), [c.name for c in cells], title="matrix")
-    return _report_failures(reporter, results)
-
-
-def cmd_reproduce(args: argparse.Namespace, reporter: Reporter) -> int:
-    matrix = _matrix(args)
-    (cell,) = pick_cells(_cells(args, matrix), [args.cell])
-    reporter.rule(f"reproducing cell {cell.name} as CI runs it (nox -s build-{cell.name})")
-    results = _execute(args, reporter, matrix, [cell], args.runner)
-    _publish(reporter, _artifacts(args, matrix), [cell.name], title="matrix")
-    status = _report_failures(reporter, results)
-    if status != EXIT_OK:
-        reporter.say(
-            f"artifacts of the run: {_artifacts(args, matrix) / cell.name}/ "
-            "(cell.log, junit.xml, result.json)"
-        )
-    return status
-
-
-def cmd_summary(args: argparse.Namespace, reporter: Reporter) -> int:
-    root = Path(args.artifacts).resolve() if args.artifacts else artifacts_root(_matrix(args).root)
-    rows = collect_rows(root)
-    if not rows:
-        reporter.error(
-            f"no cell results under {root}; run cells first (python -m fallback_matrix run CELL)"
-        )
-        return EXIT_USAGE
-    reporter.table(render_table(rows))
-    markdown_target = args.markdown or os.environ.get("GITHUB_STEP_SUMMARY")
-    if markdown_target == "-":
-        print(render_markdown(rows))
-    elif markdown_target:
-        with open(markdown_target, "a", encoding="utf-8") as handle:
-            handle.write(render_markdown(rows))
-        reporter.say(f"markdown summary appended to {markdown_target}")
-    reporter.line(closing_line(rows))
-    return EXIT_OK if all(row.result == "passed" for row in rows) else EXIT_FAILED
+        try:
+            cache = cache_root(matrix.root)
+            request = WheelhouseRequest.for_cell(cell, matrix.root / "pyproject.toml")
+            wheelhouse = ensure_wheelhouse(request, cell.index.url, cache, log, cell.variant)
+            job = make_job(matrix, cell, cache, artifacts, wheelhouse=str(wheelhouse), **options)
+            exit_code, where = runner.run(job, log)
+            if exit_code != 0:
+                reason = EXIT_REASONS.get(exit_code, "")
+                error = (
+                    f"cell {cell.name} failed in {where} (exit status {exit_code}{reason}); "
+                    f"log: {log.path}"
+                )
+        except CellError as problem:
+            error = str(problem) if cell.name in str(problem) else f"cell {cell.name}: {problem}"
+            log.line(f"error: {error}")
+    seconds = round(time.monotonic() - started, 1)
+    record = summary.read_json(artifacts / RESULT_FILE)  # the job's steps, when it ran
+    record |= {"cell": cell.name, "runner": runner.name, "where": where, "exit_code": exit_code}
+    record |= {"seconds": seconds, "error": error or record.get("error")}
+    (artifacts / RESULT_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return CellResult(cell.name, exit_code, seconds, artifacts / LOG_FILE, error)
 
 
 def run_tooling_tests(matrix: LoadedMatrix, artifacts: Path, reporter: Reporter) -> bool:
     """The tooling's own tests on the host, recorded like a cell named 'tooling'."""
     target = artifacts / TOOLING_ROW
-    if target.exists():
-        shutil.rmtree(target)
+    shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
-    paths = [str(matrix.root / path) for path in matrix.spec.project_tests.tooling_paths]
-    reporter.rule(f"tooling tests: {' '.join(matrix.spec.project_tests.tooling_paths)}")
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        *paths,
-        "-p",
-        "no:cacheprovider",
-        "--junitxml",
-        str(target / JUNIT_FILE),
-        "-o",
-        f"junit_suite_name={TOOLING_ROW}",
-    ]
-    status = subprocess.call(command, cwd=matrix.root)
-    record = {
-        "cell": TOOLING_ROW,
-        "runner": "host",
-        "exit_code": status,
-        "seconds": None,
-        "error": None,
-    }
+    paths = matrix.spec.project_tests.tooling_paths
+    reporter.rule(f"tooling tests: {' '.join(paths)}")
+    command = [sys.executable, "-m", "pytest", *(str(matrix.root / path) for path in paths)]
+    command += ["-p", "no:cacheprovider", "--junitxml", str(target / JUNIT_FILE)]
+    status = subprocess.call([*command, "-o", f"junit_suite_name={TOOLING_ROW}"], cwd=matrix.root)
+    record = {"cell": TOOLING_ROW, "runner": "host", "exit_code": status}
     (target / RESULT_FILE).write_text(json.dumps(record) + "\n", encoding="utf-8")
     return status == 0
 
 
-def cmd_project_tests(args: argparse.Namespace, reporter: Reporter) -> int:
-    matrix = _matrix(args)
-    (cell,) = pick_cells(_cells(args, matrix), [matrix.spec.project_tests.cell])
-    artifacts = _artifacts(args, matrix)
-    tooling_ok = run_tooling_tests(matrix, artifacts, reporter)
-    results = _execute(args, reporter, matrix, [cell], args.runner)
-    _publish(reporter, artifacts, [TOOLING_ROW, cell.name], title="tests")
-    status = _report_failures(reporter, results)
-    if not tooling_ok:
-        reporter.error(
-            "tooling tests failed; see the pytest output above "
-            f"({artifacts / TOOLING_ROW / JUNIT_FILE})"
+# --- releases ------------------------------------------------------------------------------------
+
+
+def find_wheel(path: Path, what: str = "--wheel") -> Path:
+    """``path`` if it is a wheel, else the one torch_fallback wheel in the directory ``path``."""
+    if path.is_file() and path.suffix == ".whl":
+        return path
+    wheels = sorted(path.glob("torch_fallback-*.whl")) if path.is_dir() else []
+    if len(wheels) != 1:
+        raise MatrixError(
+            f"{what} {path}: expected one torch_fallback-*.whl, found "
+            f"{', '.join(w.name for w in wheels) or 'none'}; build one first (nox -s "
+            f"build-{path.name} puts it in artifacts/{path.name}/) or name the wheel file"
         )
-        status = EXIT_FAILED
+    return wheels[0]
+
+
+def stage_wheel(repo: Path, wheel: Path, name: str) -> Path:
+    """A copy of ``wheel`` under the repository, where every runner (a container too) sees it,
+    and safe from the results directory this run replaces."""
+    staging = repo / ".cache" / "test-wheel" / name
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    return Path(shutil.copy2(wheel, staging / wheel.name))
+
+
+def collect_dist(artifacts: Path, cells: Sequence[Cell], out: Path, tag: str | None) -> list[Path]:
+    """Copy the PyPI cells' wheels to ``out`` after checking what PyPI and users need."""
+    problems, wheels = [], []
+    for cell in cells:
+        if not cell.pypi:
+            problems.append(f"cell {cell.name} is not marked pypi: true in matrix.yaml")
+            continue
+        wheel = find_wheel(artifacts / cell.name, "artifacts of cell")
+        _, version, _, tags = parse_wheel_filename(wheel.name)
+        if version.local is not None:
+            problems.append(f"{wheel.name}: local version label +{version.local} (PyPI rejects it)")
+        if tag and str(version) != tag.removeprefix("v"):
+            problems.append(f"{wheel.name}: version {version} is not the tag's {tag}")
+        if not all(t.platform.startswith("manylinux") for t in tags):
+            problems.append(f"{wheel.name}: not a manylinux wheel (auditwheel repair it)")
+        wheels.append(wheel)
+    if problems:
+        raise MatrixError("not publishing: " + "; ".join(problems))
+    out.mkdir(parents=True, exist_ok=True)
+    return [Path(shutil.copy2(wheel, out / wheel.name)) for wheel in wheels]
+
+
+@contextmanager
+def local_index(tools: Path, directory: Path, log: Reporter) -> Iterator[str]:
+    """A pypiserver serving ``directory`` on 127.0.0.1 (uploads without a password): its URL."""
+    server = tools / "pypi-server"
+    if not server.is_file():
+        raise MatrixError(f"{server} not found: pip install pypiserver (nox -s publish-local)")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    command = [str(server), "run", "-p", str(port), "-i", "127.0.0.1", "-a", ".", "-P", "."]
+    command += ["--disable-fallback", str(directory)]
+    directory.mkdir(parents=True, exist_ok=True)
+    log.say(f"local index: {' '.join(command)}")
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while process.poll() is None and time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"{url}/simple/", timeout=2).close()
+                break
+            except OSError:
+                time.sleep(0.3)
+        else:
+            raise MatrixError(f"pypiserver did not answer at {url} within 30 s")
+        log.say(f"local index: answering at {url}/simple/")
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def upload(tools: Path, url: str, wheels: Sequence[Path], log: Reporter) -> None:
+    command = [str(tools / "twine"), "upload", "--non-interactive", "--repository-url", f"{url}/"]
+    log.say(f"twine upload of {len(wheels)} wheel(s) to {url}/")
+    if run_process([*command, "-u", "ci", "-p", "ci", *map(str, wheels)], log.line) != 0:
+        raise MatrixError(f"twine upload to {url} failed; see above")
+    with urllib.request.urlopen(f"{url}/simple/torch-fallback/", timeout=5) as listing:
+        page = listing.read().decode()
+    names = sorted(line.split(">")[1].split("<")[0] for line in page.splitlines() if "<a " in line)
+    log.say(f"local index now serves: {', '.join(names)}")
+
+
+# --- subcommands ---------------------------------------------------------------------------------
+
+
+class Context:
+    """What every subcommand needs: the matrix, its cells, where results go, the reporter."""
+
+    def __init__(self, args: argparse.Namespace, reporter: Reporter) -> None:
+        self.args, self.reporter = args, reporter
+        file = Path(args.matrix) if args.matrix else matrix.find_matrix_file(Path.cwd())
+        self.matrix = matrix.load_matrix(file)
+        overrides = dict(matrix.parse_index_override(text) for text in args.index_url or [])
+        self.cells = matrix.expand_cells(
+            self.matrix.spec, environ=os.environ, index_overrides=overrides
+        )
+        artifacts = args.artifacts
+        self.artifacts = Path(artifacts).resolve() if artifacts else self.matrix.root / "artifacts"
+
+    def cell(self, name: str, results_name: str | None = None) -> Cell:
+        (cell,) = pick_cells(self.cells, [name])
+        return dataclasses.replace(cell, name=results_name or name)
+
+    def run(self, cells: Sequence[Cell], **options: Any) -> list[CellResult]:
+        runner, reason = runners.choose_runner(self.args.runner)
+        self.reporter.say(f"runner {runner.name} ({reason})")
+        results = []
+        for number, cell in enumerate(cells, start=1):
+            self.reporter.rule(f"cell {cell.name} ({number}/{len(cells)}) - runner {runner.name}")
+            result = run_cell(
+                self.matrix,
+                cell,
+                runner,
+                artifacts_root=self.artifacts,
+                reporter=self.reporter,
+                gpus=self.args.gpus,
+                **options,
+            )
+            state = "passed" if result.exit_code == 0 else "FAILED"
+            self.reporter.say(f"{cell.name} {state} in {result.seconds:.0f}s (log {result.log})")
+            results.append(result)
+        return results
+
+    def publish(
+        self, names: Sequence[str] | None, title: str, results: Sequence[CellResult] = ()
+    ) -> int:
+        """The summary table (also markdown for GitHub), a closing line, the failures."""
+        rows = summary.collect_rows(self.artifacts, names)
+        if not rows:
+            self.reporter.error(f"no cell results under {self.artifacts}; run cells first")
+            return EXIT_USAGE
+        self.reporter.table(summary.render_table(rows, title=title))
+        if target := os.environ.get("GITHUB_STEP_SUMMARY"):
+            with open(target, "a", encoding="utf-8") as handle:
+                handle.write(summary.render_markdown(rows, title=title))
+        self.reporter.line(summary.closing_line(rows, label=title))
+        for result in results:
+            if result.exit_code != 0:
+                self.reporter.error(result.error or f"cell {result.cell} failed; log: {result.log}")
+        failed = any(row.result != "passed" for row in rows)
+        return EXIT_FAILED if failed or any(r.exit_code for r in results) else EXIT_OK
+
+
+def cmd_list(c: Context) -> int:
+    table = Table(title=f"cells of {c.matrix.file.name}")
+    for header in ("cell", "variant", "python", "torch", "cuda", "gpu", "runs on", "workflows"):
+        table.add_column(header)
+    table.add_column("tests")
+    for cell in c.cells:
+        table.add_row(
+            *(cell.name, cell.variant, cell.python, cell.torch, cell.cuda or "-"),
+            *("yes" if cell.gpu else "-", ", ".join(cell.runner_labels)),
+            *(
+                ", ".join(cell.selections),
+                f"{' '.join(cell.tests.paths)} -m '{cell.tests.markers}'",
+            ),
+        )
+    c.reporter.table(table)
+    for variant, index in sorted({(cell.variant, cell.index) for cell in c.cells}):
+        c.reporter.line(f"index {variant}: {index.url}  ({index.source})")
+    return EXIT_OK
+
+
+def cmd_run(c: Context) -> int:
+    cells = pick_cells(c.cells, c.args.cells)
+    return c.publish([cell.name for cell in cells], "matrix", c.run(cells))
+
+
+def cmd_reproduce(c: Context) -> int:
+    cell = c.cell(c.args.cell)
+    c.reporter.rule(f"reproducing cell {cell.name} as CI runs it (nox -s build-{cell.name})")
+    status = c.publish([cell.name], "matrix", c.run([cell]))
+    if status != EXIT_OK:
+        c.reporter.say(f"artifacts: {c.artifacts / cell.name}/ (cell.log, junit.xml, result.json)")
     return status
 
 
-def cmd_test_wheel(args: argparse.Namespace, reporter: Reporter) -> int:
-    from .pipeline import run_cell
-    from .wheel_tests import find_wheel, renamed, stage_wheel
-
-    matrix = _matrix(args)
-    (cell,) = pick_cells(_cells(args, matrix), [args.cell])
-    cell = renamed(cell, args.name or cell.name)
-    wheel = stage_wheel(matrix.root, find_wheel(Path(args.wheel)), cell.name)
-    reporter.rule(f"testing {wheel.name} in cell {args.cell} (results: {cell.name})")
-    decision = decide_runner(args.runner)
-    reporter.say(f"runner {decision.name} ({decision.reason})")
-    result = run_cell(
-        matrix,
-        cell,
-        make_runner(decision),
-        cache_root=cache_root(matrix.root),
-        artifacts_root=_artifacts(args, matrix),
-        gpus=args.gpus,
-        reporter=reporter,
-        prebuilt_wheel=wheel,
-    )
-    _publish(reporter, _artifacts(args, matrix), [cell.name], title="wheel tests")
-    return _report_failures(reporter, [result])
+def cmd_summary(c: Context) -> int:
+    return c.publish(None, "matrix")
 
 
-def cmd_tooling_tests(args: argparse.Namespace, reporter: Reporter) -> int:
-    matrix = _matrix(args)
-    artifacts = _artifacts(args, matrix)
-    passed = run_tooling_tests(matrix, artifacts, reporter)
-    _publish(reporter, artifacts, [TOOLING_ROW], title="tooling")
+def cmd_project_tests(c: Context) -> int:
+    tooling_ok = run_tooling_tests(c.matrix, c.artifacts, c.reporter)
+    cell = c.cell(c.matrix.spec.project_tests.cell)
+    status = c.publish([TOOLING_ROW, cell.name], "tests", c.run([cell]))
+    if not tooling_ok:
+        c.reporter.error(f"tooling tests failed; see above ({c.artifacts / TOOLING_ROW})")
+    return status if tooling_ok else EXIT_FAILED
+
+
+def cmd_tooling_tests(c: Context) -> int:
+    passed = run_tooling_tests(c.matrix, c.artifacts, c.reporter)
+    c.publish([TOOLING_ROW], "tooling")
     return EXIT_OK if passed else EXIT_FAILED
 
 
-def cmd_dist(args: argparse.Namespace, reporter: Reporter) -> int:
-    from .release import collect_dist
+def cmd_test_wheel(c: Context) -> int:
+    cell = c.cell(c.args.cell, c.args.name)
+    wheel = stage_wheel(c.matrix.root, find_wheel(Path(c.args.wheel)), cell.name)
+    c.reporter.rule(f"testing {wheel.name} in cell {c.args.cell} (results: {cell.name})")
+    return c.publish([cell.name], "wheel tests", c.run([cell], prebuilt_wheel=str(wheel)))
 
-    matrix = _matrix(args)
-    cells = pick_cells(_cells(args, matrix), args.cells)
-    tag = args.tag or os.environ.get("GITHUB_REF_NAME") or None
-    if tag and not tag.startswith("v"):
-        tag = None  # not a version tag (a branch): the version is not checked against it
-    out = Path(args.out).resolve()
-    for wheel in collect_dist(_artifacts(args, matrix), cells, out, tag):
-        reporter.say(f"{wheel.name} -> {out}")
+
+def cmd_dist(c: Context) -> int:
+    tag = c.args.tag or os.environ.get("GITHUB_REF_NAME") or ""
+    tag = tag if tag.startswith("v") else None  # a branch is no version to check against
+    out = Path(c.args.out).resolve()
+    for wheel in collect_dist(c.artifacts, pick_cells(c.cells, c.args.cells), out, tag):
+        c.reporter.say(f"{wheel.name} -> {out}")
     return EXIT_OK
 
 
-def cmd_publish_local(args: argparse.Namespace, reporter: Reporter) -> int:
+def cmd_publish_local(c: Context) -> int:
     """twine upload to a local pypiserver, then a fresh container installs from it."""
-    from .pipeline import run_cell
-    from .release import LocalIndex, cell_wheel
-    from .wheel_tests import renamed
-
-    matrix = _matrix(args)
-    artifacts = _artifacts(args, matrix)
-    (cell,) = pick_cells(_cells(args, matrix), [args.cell])
-    wheels = sorted({w.name: w for w in artifacts.glob("*/torch_fallback-*.whl")}.values())
+    wheels = sorted({w.name: w for w in c.artifacts.glob("*/torch_fallback-*.whl")}.values())
     if not wheels:
-        reporter.error(f"no wheels under {artifacts}; build cells first (nox -s build-cpu)")
+        c.reporter.error(f"no wheels under {c.artifacts}; build cells first (nox -s build-cpu)")
         return EXIT_USAGE
-    wanted = cell_wheel(artifacts, cell.name)
-    version = wanted.name.split("-")[1]
-    target = renamed(cell, f"{cell.name}-from-index")
-    log_dir = artifacts / "publish-local"
-    packages = cache_root(matrix.root) / "local-index"
-    for stale in (log_dir, packages):
-        shutil.rmtree(stale, ignore_errors=True)
+    version = find_wheel(c.artifacts / c.args.cell).name.split("-")[1]
+    cell = c.cell(c.args.cell, f"{c.args.cell}-from-index")
+    packages = cache_root(c.matrix.root) / "local-index"
+    shutil.rmtree(packages, ignore_errors=True)
+    log_file = c.artifacts / "publish-local" / "publish.log"
     with (
-        reporter.for_cell("publish", log_dir / "publish.log") as log,
-        LocalIndex(Path(args.tools), packages, log) as index,
+        c.reporter.for_cell("publish", log_file) as log,
+        local_index(Path(c.args.tools), packages, log) as url,
     ):
-        index.upload(wheels)
-        decision = decide_runner("docker")
-        result = run_cell(
-            matrix,
-            target,
-            make_runner(decision),
-            cache_root=cache_root(matrix.root),
-            artifacts_root=artifacts,
-            gpus=False,
-            reporter=reporter,
-            index_url=f"{index.url}/simple/",
-            requirement=f"torch-fallback=={version}",
-        )
-    _publish(reporter, artifacts, [target.name], title="installed from the local index")
-    return _report_failures(reporter, [result])
+        upload(Path(c.args.tools), url, wheels, log)
+        requirement = f"torch-fallback=={version}"
+        results = c.run([cell], index_url=f"{url}/simple/", requirement=requirement)
+    return c.publish([cell.name], "installed from the local index", results)
 
 
-def cmd_workflows(args: argparse.Namespace, reporter: Reporter) -> int:
+def cmd_workflows(c: Context) -> int:
     from .workflows import check_workflows, plan_workflows, write_workflows
 
-    matrix = _matrix(args)
-    planned = plan_workflows(matrix)
-    if args.check:
-        drift = check_workflows(matrix.root, planned)
+    planned = plan_workflows(c.matrix)
+    if c.args.check:
+        drift = check_workflows(c.matrix.root, planned)
         if drift:
-            reporter.error(drift.describe())
+            c.reporter.error(str(drift))
             return EXIT_FAILED
-        reporter.say(f"{len(planned)} generated file(s) up to date with matrix.yaml")
+        c.reporter.say(f"{len(planned)} generated file(s) up to date with matrix.yaml")
         return EXIT_OK
-    changed = write_workflows(matrix.root, planned)
-    for path in changed:
-        reporter.say(f"wrote {path.relative_to(matrix.root)}")
-    if not changed:
-        reporter.say("generated files already up to date with matrix.yaml")
+    for path in write_workflows(c.matrix.root, planned) or ["nothing: already up to date"]:
+        c.reporter.say(f"wrote {path}")
     return EXIT_OK
 
 
-def cmd_clean(args: argparse.Namespace, reporter: Reporter) -> int:
-    from .runners.docker_runner import (
-        CACHE_VOLUME,
-        DOCKER_CACHE_ENV,
-        LABEL,
-        leftover_containers,
-    )
-    from .runners.engine import engine_status
-
-    matrix = _matrix(args)
-    cache = cache_root(matrix.root)
+def cmd_clean(c: Context) -> int:
+    cache = cache_root(c.matrix.root)
     for partial in sorted(cache.glob("wheelhouse/.*.partial")):
         shutil.rmtree(partial, ignore_errors=True)
-        reporter.say(f"removed interrupted wheelhouse fill {partial}")
-    if engine_status().available:
-        from .runners.engine import connect_docker
-
-        client = connect_docker()
-        for container in leftover_containers(client):
+        c.reporter.say(f"removed interrupted wheelhouse fill {partial}")
+    if runners.engine_status().available:
+        client = runners.connect_docker()
+        for container in client.containers.list(all=True, filters={"label": runners.LABEL}):
             container.remove(force=True)
-            reporter.say(f"removed leftover container {container.name}")
-        if args.caches:
-            run_dir = os.environ.get(DOCKER_CACHE_ENV, "")
+            c.reporter.say(f"removed leftover container {container.name}")
+        if c.args.caches:
+            run_dir = os.environ.get(runners.DOCKER_CACHE_ENV, "")
             if run_dir[:1] == "/" and Path(run_dir).exists():
                 shutil.rmtree(run_dir, ignore_errors=True)
-                reporter.say(f"removed {run_dir} (${DOCKER_CACHE_ENV})")
-            for volume in client.volumes.list(filters={"name": CACHE_VOLUME}):
+                c.reporter.say(f"removed {run_dir} (${runners.DOCKER_CACHE_ENV})")
+            for volume in client.volumes.list(filters={"name": runners.CACHE_VOLUME}):
                 volume.remove(force=True)
-                reporter.say(f"removed volume {volume.name}")
-            for image in client.images.list(filters={"label": f"{LABEL}=image"}):
+                c.reporter.say(f"removed volume {volume.name}")
+            for image in client.images.list(filters={"label": f"{runners.LABEL}=image"}):
                 client.images.remove(str(image.id), force=True)
-                reporter.say(f"removed image {', '.join(image.tags) or image.short_id}")
-    if args.caches and cache.exists():
+                c.reporter.say(f"removed image {', '.join(image.tags) or image.short_id}")
+    if c.args.caches and cache.exists():
         shutil.rmtree(cache)
-        reporter.say(f"removed {cache}")
+        c.reporter.say(f"removed {cache}")
     return EXIT_OK
 
 
 # --- parser --------------------------------------------------------------------------------------
 
 
-def _add_run_options(parser: argparse.ArgumentParser, default_runner: str) -> None:
-    parser.add_argument(
-        "--runner",
-        choices=("docker", "local", "auto"),
-        default=default_runner,
-        help=f"where the job runs (default {default_runner}; "
-        "auto: docker when a daemon answers, else local)",
-    )
-    parser.add_argument(
-        "--gpus", action="store_true", help="pass the host's GPUs into the container"
-    )
-    parser.add_argument(
-        "--artifacts", metavar="DIR", help="artifacts root (default <repo>/artifacts)"
-    )
-    _add_index_option(parser)
-
-
-def _add_index_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--index-url",
-        action="append",
-        metavar="VARIANT=URL",
-        help="the index torch of VARIANT (cpu, cuda) comes from; "
-        "overrides matrix.yaml and its env variable",
-    )
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m fallback_matrix", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument(
-        "--matrix", metavar="PATH", help="matrix file (default: matrix.yaml here or above)"
-    )
+    """The parser of every subcommand in cli.yaml."""
+    table = yaml.safe_load(Path(__file__).with_name("cli.yaml").read_text(encoding="utf-8"))
+    parser = argparse.ArgumentParser(prog="python -m fallback_matrix", description=__doc__)
+    parser.add_argument("--matrix", metavar="PATH", help="default: matrix.yaml here or above")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    listing = commands.add_parser("list", help="show the cells")
-    listing.add_argument("--selection", choices=("pr", "main"), help="only cells of this workflow")
-    listing.add_argument("--json", action="store_true", help="machine-readable output")
-    _add_index_option(listing)
-    listing.set_defaults(handler=cmd_list)
-
-    run = commands.add_parser("run", help="build and test cells")
-    run.add_argument("cells", nargs="+", metavar="CELL")
-    _add_run_options(run, default_runner="auto")
-    run.set_defaults(handler=cmd_run)
-
-    reproduce = commands.add_parser("reproduce", help="run exactly one cell as CI runs it (Docker)")
-    reproduce.add_argument("cell", metavar="CELL")
-    _add_run_options(reproduce, default_runner="docker")
-    reproduce.set_defaults(handler=cmd_reproduce)
-
-    summary = commands.add_parser("summary", help="table of the last results under artifacts/")
-    summary.add_argument(
-        "--artifacts", metavar="DIR", help="artifacts root (default <repo>/artifacts)"
-    )
-    summary.add_argument(
-        "--markdown",
-        metavar="PATH",
-        help="also append GitHub markdown to PATH ('-': stdout; default $GITHUB_STEP_SUMMARY)",
-    )
-    summary.set_defaults(handler=cmd_summary)
-
-    tests = commands.add_parser(
-        "project-tests", help="the tooling tests, then the project-tests cell (nox -s tests)"
-    )
-    _add_run_options(tests, default_runner="local")
-    tests.set_defaults(handler=cmd_project_tests)
-
-    test_wheel = commands.add_parser(
-        "test-wheel", help="test a wheel built elsewhere in a cell's environment (GPU, cross jobs)"
-    )
-    test_wheel.add_argument("cell", metavar="CELL", help="the cell whose torch and tests to use")
-    test_wheel.add_argument(
-        "--wheel",
-        required=True,
-        metavar="PATH",
-        help="the wheel, or a directory holding one (e.g. artifacts/cuda)",
-    )
-    test_wheel.add_argument(
-        "--as",
-        dest="name",
-        metavar="NAME",
-        help="name of the results (artifacts/NAME/; default: the cell)",
-    )
-    _add_run_options(test_wheel, default_runner="docker")
-    test_wheel.set_defaults(handler=cmd_test_wheel)
-
-    tooling = commands.add_parser("tooling-tests", help="the tooling's own tests (tests/matrix)")
-    tooling.add_argument("--artifacts", metavar="DIR", help="artifacts root")
-    tooling.set_defaults(handler=cmd_tooling_tests)
-
-    dist = commands.add_parser("dist", help="collect and check the PyPI cells' wheels into dist/")
-    dist.add_argument("cells", nargs="+", metavar="CELL")
-    dist.add_argument("--out", default="dist", metavar="DIR", help="where to (default dist/)")
-    dist.add_argument(
-        "--tag", help="the version tag, e.g. v0.1.0 (default $GITHUB_REF_NAME when it is one)"
-    )
-    dist.add_argument("--artifacts", metavar="DIR", help="artifacts root")
-    dist.set_defaults(handler=cmd_dist)
-
-    publish = commands.add_parser(
-        "publish-local",
-        help="twine upload every built wheel to a local pypiserver, then install one cell's "
-        "torch-fallback from it in a fresh container and run the cell's tests",
-    )
-    publish.add_argument("--cell", default="cpu", help="the cell to install into (default cpu)")
-    publish.add_argument(
-        "--tools", required=True, metavar="DIR", help="directory holding pypi-server and twine"
-    )
-    publish.add_argument("--artifacts", metavar="DIR", help="artifacts root")
-    _add_index_option(publish)
-    publish.set_defaults(handler=cmd_publish_local, gpus=False)
-
-    workflows = commands.add_parser("workflows", help="generate .github/workflows from matrix.yaml")
-    workflows.add_argument(
-        "--check",
-        action="store_true",
-        help="write nothing; exit 1 when the committed workflows differ from matrix.yaml",
-    )
-    workflows.set_defaults(handler=cmd_workflows)
-
-    clean = commands.add_parser(
-        "clean", help="remove leftover containers and interrupted wheelhouse fills"
-    )
-    clean.add_argument(
-        "--caches", action="store_true", help="also remove the caches: images, volume, wheelhouses"
-    )
-    clean.set_defaults(handler=cmd_clean)
+    for name, command in table["commands"].items():
+        sub = commands.add_parser(name, help=command["help"])
+        handler = globals()[f"cmd_{name.replace('-', '_')}"]
+        sub.set_defaults(handler=handler, index_url=None, gpus=False)
+        arguments = table["every"] | command.get("arguments", {})
+        if "runner" in command:
+            arguments |= table["runner"]
+            sub.set_defaults(runner=command["runner"])
+        for argument, options in arguments.items():
+            sub.add_argument(argument, **options)
     return parser
-
-
-@contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM (a cancelled CI job) cleans up like Ctrl-C: containers are removed."""
-
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     reporter = Reporter()
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # a cancelled CI job (SIGTERM) cleans up like Ctrl-C
+
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, interrupt) if in_main_thread else None
     try:
-        with _terminate_as_interrupt():
-            return int(args.handler(args, reporter))
+        return int(args.handler(Context(args, reporter)))
     except MatrixError as error:
         reporter.error(str(error))
-        return EXIT_USAGE
+        return error.exit_code
     except KeyboardInterrupt:
         reporter.error("interrupted; containers of this run were removed")
         return 130
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)

@@ -12,8 +12,13 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
+
+RESULT_FILE = "result.json"  # artifacts/<cell>/result.json: the job's steps and the host's record
+JUNIT_FILE = "junit.xml"
+LOG_FILE = "cell.log"
 
 
 def format_elapsed(seconds: float) -> str:
@@ -21,35 +26,24 @@ def format_elapsed(seconds: float) -> str:
     return f"{minutes:02d}:{secs:02d}"
 
 
+@dataclass
 class Reporter:
     """Lines stamped with the time since the start (and the cell, when there is one),
-    also written to ``path`` when given; ``steps`` records the job's steps."""
+    also written to the cell's log when it has one; ``steps`` records the job's steps."""
 
-    def __init__(
-        self,
-        stream: IO[str] | None = None,
-        cell: str = "",
-        path: Path | None = None,
-        started: float | None = None,
-    ) -> None:
-        self.stream = stream or sys.stdout
-        self.cell, self.path = cell, path
-        self.started = time.monotonic() if started is None else started
-        self.steps: list[dict[str, Any]] = []
-        self._file: IO[str] | None = None
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = path.open("w", encoding="utf-8")
+    stream: IO[str] = field(default_factory=lambda: sys.stdout)
+    cell: str = ""
+    path: Path | None = None  # the cell's log
+    started: float = field(default_factory=time.monotonic)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    file: IO[str] | None = None
 
     @contextmanager
     def for_cell(self, cell: str, path: Path) -> Iterator[Reporter]:
         """A reporter for one cell, whose lines also go to the cell's log file ``path``."""
-        child = Reporter(self.stream, cell, path, self.started)
-        try:
-            yield child
-        finally:
-            if child._file is not None:
-                child._file.close()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", encoding="utf-8") as file:
+            yield Reporter(self.stream, cell, path, self.started, file=file)
 
     def elapsed(self) -> str:
         return format_elapsed(time.monotonic() - self.started)
@@ -57,15 +51,12 @@ class Reporter:
     def line(self, text: str) -> None:
         """A line as it is: a subprocess's or a container's output."""
         print(text, file=self.stream, flush=True)
-        if self._file is not None:
-            self._file.write(text + "\n")
-            self._file.flush()
+        if self.file is not None:
+            self.file.write(text + "\n")
+            self.file.flush()
 
     def say(self, message: str) -> None:
         self.line(f"[+{self.elapsed()}] {self.cell + ' ' if self.cell else ''}{message}")
-
-    def warn(self, message: str) -> None:
-        self.say(f"warning: {message}")
 
     def error(self, message: str) -> None:
         self.line(f"error: {message}")
@@ -106,7 +97,7 @@ def without_pip_config(environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def run(
+def run_process(
     command: Sequence[str | Path],
     sink: Callable[[str], None],
     *,

@@ -1,17 +1,16 @@
 """Wheelhouses: every wheel a cell installs, downloaded once on the host.
 
-A container then installs offline (``--no-index --find-links``) from a
-read-only mount. A wheelhouse lives in ``<cache>/wheelhouse/<name>/``, named
-after what it installs (torch, Python and a hash of the rest), never after the
-cell: cells that install the same things (a build cell and the GPU cell that
-tests its wheel) share one directory, and CI caches it once. It is filled in a
-temporary directory and renamed into place only when complete, so an
-interrupted fill is never trusted.
+A container then installs offline (``--no-index --find-links``) from a read-only
+mount. A wheelhouse lives in ``<cache>/wheelhouse/<name>/``, named after what it
+holds (torch, Python and a hash of the rest), never after the cell: cells that
+install the same things share one directory, and CI caches it once. It is filled
+in a temporary directory and renamed into place only when complete.
 
-torch comes from the variant's index when that answers, with none of the machine's pip
-configuration (PIP_CONFIG_FILE=/dev/null): a find-links folder or a
-constraint file of the machine must not swap the build the cell pins (a local
-``+cpu`` file for a CUDA cell, a cap below the pinned release).
+torch comes from the variant's index when that answers (a probe of seconds), with
+none of the machine's pip configuration: a find-links folder or a constraint file
+must not swap the build the cell pins. When it does not answer, the tooling says
+so in one line and uses pip's own configuration. The dependency groups of
+pyproject.toml are resolved by pip itself (``--group``, pip >= 25.1).
 """
 
 from __future__ import annotations
@@ -23,41 +22,70 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple
+from urllib.parse import urlparse
 
-from packaging.version import Version
+import tomllib
+from packaging.utils import parse_wheel_filename
 
-from .cell_job import PIP_WITH_GROUPS
-from .cells import Cell
-from .errors import WheelhouseError
-from .index_probe import ProbeResult, probe_index
-from .project import group_args
-from .report import Reporter, without_pip_config
-from .report import run as run_streaming
-from .versions import torch_matches
+from .job import GROUPS, PIP_WITH_GROUPS, torch_matches
+from .matrix import Cell, CellError
+from .report import Reporter, run_process, without_pip_config
 
 # pip does not widen --platform to older glibc versions by itself: list every
 # manylinux tag the images' glibc (Debian bookworm: 2.36) accepts, newest first.
-TARGET_GLIBC_MINOR = 36
-PLATFORMS: tuple[str, ...] = (
-    *(f"manylinux_2_{minor}_x86_64" for minor in range(TARGET_GLIBC_MINOR, 4, -1)),
-    "manylinux2014_x86_64",
-    "manylinux2010_x86_64",
-    "manylinux1_x86_64",
+PLATFORMS = (
+    *(f"manylinux_2_{minor}_x86_64" for minor in range(36, 4, -1)),
+    *("manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"),
 )
 MANIFEST_NAME = "wheelhouse.json"
+PipDownload = Callable[[Sequence[str], Mapping[str, str] | None], int]  # pip download ARGS in ENV
 
 
-class PipDownload(Protocol):
-    """Runs ``pip download ARGS`` (in ``env`` when given) and returns its exit status."""
-
-    def __call__(self, args: Sequence[str], env: Mapping[str, str] | None = None) -> int: ...
+class WheelhouseError(CellError):
+    """Filling a cell's wheelhouse failed."""
 
 
-IndexProbe = Callable[[str], ProbeResult]
+class ProbeResult(NamedTuple):
+    url: str
+    reachable: bool
+    detail: str
+
+
+def probe_index(url: str, timeout: float = 3.0) -> ProbeResult:
+    """Whether ``url`` answers for torch's page: one HEAD request, no retries."""
+    if url.startswith("file:"):
+        exists = Path(urlparse(url).path).is_dir()
+        return ProbeResult(url, exists, "directory exists" if exists else "no such directory")
+    page = url.rstrip("/") + "/torch/"
+    request = urllib.request.Request(page, method="HEAD", headers={"User-Agent": "fallback-matrix"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return ProbeResult(url, True, f"HTTP {response.status}")
+    except urllib.error.HTTPError as error:
+        return ProbeResult(url, False, f"HTTP {error.code} for {page}")
+    except (urllib.error.URLError, OSError) as error:
+        return ProbeResult(url, False, str(getattr(error, "reason", error)) or repr(error))
+
+
+def dependency_groups(pyproject: Path) -> str:
+    """pyproject's [dependency-groups] as canonical JSON (a wheelhouse's key), checked to
+    hold the groups a cell installs."""
+    try:
+        groups = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("dependency-groups")
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise CellError(f"{pyproject} cannot be read: {error}") from None
+    if not isinstance(groups, dict) or not all(isinstance(groups.get(g), list) for g in GROUPS):
+        raise CellError(
+            f"{pyproject}: [dependency-groups] lacks {' or '.join(GROUPS)}; a cell installs "
+            'them besides torch, e.g. test = ["pytest>=8"]'
+        )
+    return json.dumps(groups, sort_keys=True)
 
 
 @dataclass(frozen=True)
@@ -67,23 +95,18 @@ class WheelhouseRequest:
     cell: str
     python: str
     torch_requirement: str
-    groups: str  # the [dependency-groups] table (project.dependency_groups)
+    groups: str  # the [dependency-groups] table (dependency_groups)
     pyproject: Path = field(default=Path("pyproject.toml"), compare=False)
-    platforms: tuple[str, ...] = PLATFORMS
 
     @classmethod
-    def for_cell(cls, cell: Cell, groups: str, pyproject: Path) -> WheelhouseRequest:
+    def for_cell(cls, cell: Cell, pyproject: Path) -> WheelhouseRequest:
+        groups = dependency_groups(pyproject)
         return cls(cell.name, cell.python, cell.torch_requirement, groups, pyproject)
 
     def key(self) -> str:
-        content = {
-            "python": self.python,
-            "torch": self.torch_requirement,
-            "groups": self.groups,
-            "platforms": sorted(self.platforms),
-        }
-        digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
-        return digest[:12]
+        content = {"python": self.python, "torch": self.torch_requirement, "groups": self.groups}
+        content_json = json.dumps(content | {"platforms": sorted(PLATFORMS)}, sort_keys=True)
+        return hashlib.sha256(content_json.encode()).hexdigest()[:12]
 
     def dirname(self) -> str:
         """torch-2.14.1-py3.11-<key>: what it holds, so equal requests share it."""
@@ -93,54 +116,6 @@ class WheelhouseRequest:
 
 def wheelhouse_path(cache_root: Path, request: WheelhouseRequest) -> Path:
     return cache_root / "wheelhouse" / request.dirname()
-
-
-def _target_args(request: WheelhouseRequest) -> list[str]:
-    args = ["--only-binary=:all:", "--python-version", request.python, "--implementation", "cp"]
-    for platform in request.platforms:
-        args += ["--platform", platform]
-    return args
-
-
-def torch_wheels(directory: Path) -> list[Path]:
-    return sorted(directory.glob("torch-*.whl"))
-
-
-def wheel_version(wheel: Path) -> str:
-    """torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl -> 2.13.0+cpu."""
-    return wheel.name.split("-")[1]
-
-
-def check_torch_wheel(directory: Path, request: WheelhouseRequest) -> Path:
-    """The one torch wheel in ``directory``, whose version must match the pin."""
-    wanted = request.torch_requirement.removeprefix("torch==")
-    found = torch_wheels(directory)
-    if len(found) != 1:
-        names = ", ".join(path.name for path in found) or "none"
-        raise WheelhouseError(
-            f"cell {request.cell}: expected exactly one torch wheel for "
-            f"{request.torch_requirement} "
-            f"in the wheelhouse, found {names}"
-        )
-    got = wheel_version(found[0])
-    if not torch_matches(wanted, got):
-        raise WheelhouseError(
-            f"cell {request.cell}: pip downloaded {found[0].name} for {request.torch_requirement}: "
-            f"wanted version {wanted}, got {got}. Check the index it used (above) and pip's "
-            "configuration (pip config list)"
-        )
-    return found[0]
-
-
-def check_variant(wheel: Path, request: WheelhouseRequest, variant: str) -> None:
-    """A CUDA cell must not get a CPU-only torch (PyPI's CUDA wheels carry no +cpu label)."""
-    local = Version(wheel_version(wheel)).local or ""
-    if variant == "cuda" and local.startswith("cpu"):
-        raise WheelhouseError(
-            f"cell {request.cell}: pip downloaded {wheel.name}, a CPU-only build, for a CUDA "
-            "cell: a find-links folder or index of this machine offers it first. Point the "
-            "cuda variant at an index with CUDA builds (--index-url cuda=URL)"
-        )
 
 
 def pip_cert(environ: Mapping[str, str]) -> str | None:
@@ -158,21 +133,13 @@ def pip_cert(environ: Mapping[str, str]) -> str | None:
     return None
 
 
-def hermetic_pip(environ: Mapping[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
-    """pip options and environment that ignore every pip configuration but the CA bundle."""
-    environ = os.environ if environ is None else environ
-    cert = pip_cert(environ)
-    return (["--cert", cert] if cert else []), without_pip_config(environ)
-
-
 def download_python(version: str, cache_root: Path, log: Reporter) -> str:
     """A Python ``version`` with pip >= 25.1 to run pip download for a cell with.
 
     pip evaluates the environment markers of dependencies (``tomli; python_version <
-    "3.11"``) for the Python it runs on, whatever --python-version says: a cell's
-    wheels are downloaded by its own Python version, from a venv kept in the cache.
+    "3.11"``) for the Python it runs on, whatever --python-version says.
     """
-    from .runners.local import find_python
+    from .runners import find_python
 
     if version == f"{sys.version_info.major}.{sys.version_info.minor}":
         return sys.executable
@@ -185,20 +152,10 @@ def download_python(version: str, cache_root: Path, log: Reporter) -> str:
             [interpreter, "-m", "venv", "--clear", str(venv)],
             [str(python), "-m", "pip", "install", "--progress-bar", "off", PIP_WITH_GROUPS],
         ):
-            if run_streaming(command, log.line) != 0:
+            if run_process(command, log.line) != 0:
                 raise WheelhouseError(f"{' '.join(command)} failed; see above")
         (venv / ".complete").write_text(interpreter + "\n", encoding="utf-8")
     return str(python)
-
-
-def host_pip_download(log: Reporter, python: str = sys.executable) -> PipDownload:
-    """pip download with ``python`` (and pip's configuration here, unless given ``env``)."""
-
-    def download(args: Sequence[str], env: Mapping[str, str] | None = None) -> int:
-        command = [python, "-m", "pip", "download", "--progress-bar", "off", *args]
-        return run_streaming(command, log.line, env=env)
-
-    return download
 
 
 def ensure_wheelhouse(
@@ -206,33 +163,35 @@ def ensure_wheelhouse(
     index_url: str,
     cache_root: Path,
     log: Reporter,
+    variant: str = "cpu",
     *,
     pip_download: PipDownload | None = None,
-    probe: IndexProbe = probe_index,
-    variant: str = "cpu",
+    probe: Callable[[str], ProbeResult] = probe_index,
 ) -> Path:
     """The complete wheelhouse of ``request``, filled now unless an earlier fill completed."""
     final = wheelhouse_path(cache_root, request)
     if (final / MANIFEST_NAME).is_file():
-        count = len(list(final.glob("*.whl")))
-        log.say(f"wheelhouse: reusing {final} ({count} wheels)")
+        log.say(f"wheelhouse: reusing {final} ({len(list(final.glob('*.whl')))} wheels)")
         return final
     if pip_download is None:
-        pip_download = host_pip_download(log, download_python(request.python, cache_root, log))
+        python = download_python(request.python, cache_root, log)
+
+        def pip_download(args: Sequence[str], env: Mapping[str, str] | None = None) -> int:
+            command = [python, "-m", "pip", "download", "--progress-bar", "off", *args]
+            return run_process(command, log.line, env=env)
+
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent))
     try:
-        _fill(request, index_url, staging, log, pip_download, probe, variant)
+        _fill(request, index_url, staging, log, pip_download, probe(index_url), variant)
         staging.chmod(0o755)  # mkdtemp makes it 0700; the container user must read it
         if (final / MANIFEST_NAME).is_file():
             log.say(f"wheelhouse: another run completed {final} meanwhile; using it")
             return final
-        if final.exists():
-            shutil.rmtree(final)  # an incomplete directory from an older layout
+        shutil.rmtree(final, ignore_errors=True)  # an incomplete directory
         os.rename(staging, final)
     finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)
     log.say(f"wheelhouse: complete at {final}")
     return final
 
@@ -243,51 +202,53 @@ def _fill(
     staging: Path,
     log: Reporter,
     pip_download: PipDownload,
-    probe: IndexProbe,
+    probe: ProbeResult,
     variant: str,
 ) -> None:
-    target = _target_args(request)
-    result = probe(index_url)
-    env: dict[str, str] | None = None
-    if result.reachable:
-        log.say(
-            f"wheelhouse: {request.torch_requirement} from {index_url} "
-            "(no pip configuration of this machine applies to torch)"
-        )
-        cert_args, env = hermetic_pip()
-        index_args = [*cert_args, "--index-url", index_url]
+    cell, requirement = request.cell, request.torch_requirement
+    target = ["--only-binary=:all:", "--python-version", request.python, "--implementation", "cp"]
+    target += [option for platform in PLATFORMS for option in ("--platform", platform)]
+    target += ["--dest", str(staging)]
+    env, index_args = None, []
+    if probe.reachable:
+        log.say(f"wheelhouse: {requirement} from {index_url} (no pip configuration)")
+        cert, env = pip_cert(os.environ), without_pip_config(os.environ)
+        index_args = [*(["--cert", cert] if cert else []), "--index-url", index_url]
     else:
-        log.say(
-            f"index {index_url} unreachable ({result.detail}); "
-            "using pip's own configuration instead"
-        )
-        index_args = []
-    status = pip_download(
-        [*target, *index_args, "--dest", str(staging), request.torch_requirement], env
-    )
+        log.say(f"index {index_url} unreachable ({probe.detail}); using pip's own configuration")
+    status = pip_download([*target, *index_args, requirement], env)
     if status != 0:
         raise WheelhouseError(
-            f"cell {request.cell}: pip download of {request.torch_requirement} failed "
-            f"(exit {status}); "
-            "see its output above. Check the index, or set it with --index-url VARIANT=URL"
+            f"cell {cell}: pip download of {requirement} failed (exit {status}); see above. "
+            "Check the index, or set it with --index-url VARIANT=URL"
         )
-    torch_wheel = check_torch_wheel(staging, request)
-    check_variant(torch_wheel, request, variant)
-    log.say(f"wheelhouse: got {torch_wheel.name}")
-    groups = group_args(request.pyproject)
-    log.say(f"wheelhouse: {PIP_WITH_GROUPS} and {' '.join(groups)} from pip's configured index")
-    status = pip_download([*target, "--dest", str(staging), PIP_WITH_GROUPS, *groups])
+    found = sorted(staging.glob("torch-*.whl"))
+    if len(found) != 1:
+        names = ", ".join(p.name for p in found) or "none"
+        raise WheelhouseError(f"cell {cell}: expected one torch wheel for {requirement}: {names}")
+    wanted, got = requirement.removeprefix("torch=="), parse_wheel_filename(found[0].name)[1]
+    if not torch_matches(wanted, str(got)):
+        raise WheelhouseError(
+            f"cell {cell}: pip downloaded {found[0].name} for {requirement}: wanted version "
+            f"{wanted}, got {got}. Check the index it used (above) and pip's configuration "
+            "(pip config list)"
+        )
+    if variant == "cuda" and (got.local or "").startswith("cpu"):
+        raise WheelhouseError(
+            f"cell {cell}: pip downloaded {found[0].name}, a CPU-only build, for a CUDA cell: a "
+            "find-links folder or index of this machine offers it first. Point the cuda "
+            "variant at an index with CUDA builds (--index-url cuda=URL)"
+        )
+    log.say(f"wheelhouse: got {found[0].name}")
+    groups = [f"--group={request.pyproject}:{name}" for name in GROUPS]
+    status = pip_download([*target, PIP_WITH_GROUPS, *groups], None)
     if status != 0:
         raise WheelhouseError(
-            f"cell {request.cell}: pip download of the build/test groups failed (exit {status}); "
-            "see its output above"
+            f"cell {cell}: pip download of the dependency groups failed ({status})"
         )
-    manifest = {
-        **asdict(request),
+    manifest = asdict(request) | {
         "pyproject": str(request.pyproject),
-        "key": request.key(),
-        "torch_index": index_url if result.reachable else "pip configuration",
-        "torch_wheel": torch_wheel.name,
+        "torch_index": index_url if probe.reachable else "pip configuration",
         "wheels": sorted(path.name for path in staging.glob("*.whl")),
     }
     (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")

@@ -6,9 +6,13 @@ from typing import Any
 
 import pytest
 
-from fallback_matrix.cells import expand_cells, parse_index_override, pick_cells
-from fallback_matrix.errors import MatrixError, UnknownCellError
-from fallback_matrix.model import MatrixFile
+from fallback_matrix.matrix import (
+    MatrixError,
+    MatrixFile,
+    expand_cells,
+    parse_index_override,
+    pick_cells,
+)
 
 
 def expand(data: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
@@ -30,7 +34,6 @@ def test_pins_and_expected_variants(matrix_data: dict[str, Any]) -> None:
     assert cells["cpu"].cuda is None
     assert cells["cuda"].torch_requirement == "torch==2.14.1"
     assert cells["cuda"].cuda == "13"
-    assert "CUDA 13" in cells["cuda"].wanted_build
 
 
 def test_runner_labels_come_from_the_named_set(matrix_data: dict[str, Any]) -> None:
@@ -97,7 +100,7 @@ def test_pick_cells_keeps_the_order_asked(matrix_data: dict[str, Any]) -> None:
 def test_pick_cells_names_unknown_cells(matrix_data: dict[str, Any]) -> None:
     cells = expand_cells(MatrixFile.model_validate(matrix_data))
     with pytest.raises(
-        UnknownCellError,
+        MatrixError,
         match=r"unknown cell\(s\): rocm\. Cells in matrix\.yaml: cpu, cuda, cuda-gpu",
     ):
         pick_cells(cells, ["cpu", "rocm"])

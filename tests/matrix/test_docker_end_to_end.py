@@ -6,7 +6,6 @@ matrix uses, so a later `nox -s build-<cell>` reuses it.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import threading
@@ -18,14 +17,19 @@ from typing import Any
 
 import pytest
 
-from fallback_matrix.cells import Cell
-from fallback_matrix.image import plan_image
-from fallback_matrix.loader import load_matrix
-from fallback_matrix.pipeline import run_cell
+from fallback_matrix.cli import run_cell
+from fallback_matrix.job import Job
+from fallback_matrix.matrix import Cell, expand_cells, load_matrix, pick_cells
 from fallback_matrix.report import Reporter
-from fallback_matrix.runners.base import CellWork, RunnerName, RunOutcome
-from fallback_matrix.runners.docker_runner import LABEL, ensure_image, execute, plan_container
-from fallback_matrix.runners.engine import engine_status
+from fallback_matrix.runners import (
+    LABEL,
+    connect_docker,
+    engine_status,
+    ensure_image,
+    plan_container,
+    plan_image,
+    run_container,
+)
 from fallback_matrix.wheelhouse import MANIFEST_NAME, WheelhouseRequest, wheelhouse_path
 
 pytestmark = pytest.mark.docker
@@ -36,8 +40,6 @@ def client() -> Iterator[Any]:
     status = engine_status()
     if not status.available:
         pytest.skip(f"no Docker daemon: {status.detail}")
-    from fallback_matrix.runners.engine import connect_docker
-
     client = connect_docker()
     yield client
     client.close()
@@ -54,46 +56,44 @@ def volume(client: Any) -> Iterator[str]:
 class CommandRunner:
     """The Docker runner with the job replaced by a shell command."""
 
-    name: RunnerName = "docker"
+    name = "docker"
 
     def __init__(self, client: Any, volume: str, script: str) -> None:
         self.client, self.volume, self.script = client, volume, script
 
-    def run(self, work: CellWork, log: Reporter) -> RunOutcome:
-        image = ensure_image(self.client, plan_image(work.repo, work.cell), log)
-        plan = plan_container(work, image, volume=self.volume)
-        plan = dataclasses.replace(plan, command=["sh", "-c", self.script])
-        return RunOutcome(execute(self.client, plan, log, work.artifacts), f"image {image}")
+    def run(self, job: Job, log: Reporter) -> tuple[int, str]:
+        image = ensure_image(self.client, plan_image(Path(job.repo), job), log)
+        inside, create = plan_container(job, image, volume=self.volume)
+        create["command"] = ["sh", "-c", self.script]
+        return run_container(
+            self.client, inside, create, log, Path(job.artifacts)
+        ), f"image {image}"
 
 
 def fake_complete_wheelhouse(cache: Path, cell: Cell, repo: Path) -> None:
-    from fallback_matrix.project import dependency_groups
-
-    pyproject = repo / "pyproject.toml"
-    request = WheelhouseRequest.for_cell(cell, dependency_groups(pyproject), pyproject)
+    request = WheelhouseRequest.for_cell(cell, repo / "pyproject.toml")
     path = wheelhouse_path(cache, request)
     path.mkdir(parents=True)
     path.chmod(0o755)
     (path / MANIFEST_NAME).write_text(json.dumps({"test": True}))
 
 
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("FALLBACK_MATRIX_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
 def run_script(repo_root: Path, tmp_path: Path, client: Any, volume: str, script: str) -> Any:
     matrix = load_matrix(repo_root / "matrix.yaml")
-    cell = next(cell for cell in matrix.spec.cells if cell.name == matrix.spec.project_tests.cell)
-    from fallback_matrix.cells import expand_cells
-
-    (expanded,) = [c for c in expand_cells(matrix.spec) if c.name == cell.name]
-    cache = tmp_path / "cache"
-    fake_complete_wheelhouse(cache, expanded, repo_root)
-    reporter = Reporter()
+    (cell,) = pick_cells(expand_cells(matrix.spec), [matrix.spec.project_tests.cell])
+    fake_complete_wheelhouse(tmp_path / "cache", cell, repo_root)
     return run_cell(
         matrix,
-        expanded,
+        cell,
         CommandRunner(client, volume, script),
-        cache_root=cache,
         artifacts_root=tmp_path / "artifacts",
-        gpus=False,
-        reporter=reporter,
+        reporter=Reporter(),
     )
 
 
@@ -159,7 +159,7 @@ def assert_container_removed(client: Any, log: str) -> None:
 
 @pytest.mark.slow
 def test_a_cell_runs_with_its_cache_bind_mounted_from_another_users_directory(
-    repo_root: Path, tmp_path: Path, client: Any
+    repo_root: Path, tmp_path: Path, client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """As on a hosted runner: the workspace's cache directory belongs to uid 1001, not to
     the image's user (1000). The whole cpu cell runs with it as /cache, and everything
@@ -167,9 +167,9 @@ def test_a_cell_runs_with_its_cache_bind_mounted_from_another_users_directory(
     import os
     import shutil
 
-    from fallback_matrix.cells import expand_cells, pick_cells
-    from fallback_matrix.paths import cache_root
-    from fallback_matrix.runners.docker_runner import IMAGE_UID, DockerRunner
+    from fallback_matrix.runners import IMAGE_UID, DockerRunner
+
+    monkeypatch.delenv("FALLBACK_MATRIX_CACHE")  # the repository's wheelhouses and images
 
     matrix = load_matrix(repo_root / "matrix.yaml")
     (cell,) = pick_cells(expand_cells(matrix.spec), ["cpu"])
@@ -184,9 +184,7 @@ def test_a_cell_runs_with_its_cache_bind_mounted_from_another_users_directory(
             matrix,
             cell,
             DockerRunner(volume=str(cache)),
-            cache_root=cache_root(matrix.root),
             artifacts_root=tmp_path / "artifacts",
-            gpus=False,
             reporter=Reporter(),
         )
         log = result.log.read_text()

@@ -14,36 +14,36 @@ from unittest.mock import MagicMock
 import pytest
 
 import docker
-from fallback_matrix.cell_job import Job
-from fallback_matrix.cells import expand_cells
-from fallback_matrix.errors import ImageBuildError, RunnerUnavailableError
-from fallback_matrix.image import ImagePlan
-from fallback_matrix.model import MatrixFile
-from fallback_matrix.runners.base import CellWork
-from fallback_matrix.runners.docker_runner import (
+from fallback_matrix.cli import make_job
+from fallback_matrix.job import Job
+from fallback_matrix.matrix import (
+    CellError,
+    LoadedMatrix,
+    MatrixFile,
+    RunnerUnavailableError,
+    expand_cells,
+)
+from fallback_matrix.runners import (
     CELL_LABEL,
     LABEL,
     DockerRunner,
+    ImagePlan,
     ensure_image,
-    execute,
     extract_archive,
     lines_of,
     plan_container,
+    run_container,
 )
 
 
 @pytest.fixture
-def work(matrix_data: dict[str, Any], repo_root: Path, tmp_path: Path) -> CellWork:
-    cell = expand_cells(MatrixFile.model_validate(matrix_data))[0]
-    return CellWork(
-        cell=cell,
-        sources=("pyproject.toml",),
-        repo=repo_root,
-        wheelhouse=tmp_path / "wheelhouse",
-        artifacts=tmp_path / "artifacts" / "cpu",
-        cache_root=tmp_path / "cache",
-        gpus=False,
-    )
+def work(matrix_data: dict[str, Any], repo_root: Path, tmp_path: Path) -> Job:
+    """The job of the cpu cell, with host paths."""
+    spec = MatrixFile.model_validate(matrix_data)
+    cell = expand_cells(spec)[0]
+    matrix = LoadedMatrix(repo_root / "matrix.yaml", spec)
+    job = make_job(matrix, cell, tmp_path / "cache", tmp_path / "artifacts" / "cpu")
+    return dataclasses.replace(job, wheelhouse=str(tmp_path / "wheelhouse"))
 
 
 def out_archive(files: dict[str, bytes]) -> Iterator[bytes]:
@@ -75,47 +75,53 @@ def fake_client(container: MagicMock) -> MagicMock:
     return client
 
 
-def test_plan_mounts_repo_and_wheelhouse_read_only(work: CellWork) -> None:
-    plan = plan_container(work, "torch-fallback-build:abc", volume="cache-volume", suffix="x1")
-    mounts = {mount.target: mount for mount in plan.mounts}
-    assert mounts["/src"].source == str(work.repo) and mounts["/src"].read_only
-    assert mounts["/wheelhouse"].source == str(work.wheelhouse) and mounts["/wheelhouse"].read_only
-    assert mounts["/cache"].kind == "volume" and mounts["/cache"].source == "cache-volume"
-    assert not mounts["/cache"].read_only
-    assert plan.name == "fallback-matrix-cpu-x1"
-    assert plan.labels == {LABEL: "1", CELL_LABEL: "cpu"}
+def test_plan_mounts_repo_and_wheelhouse_read_only(work: Job) -> None:
+    _, plan = plan_container(work, "torch-fallback-build:abc", volume="cache-volume", suffix="x1")
+    mounts = {mount["Target"]: mount for mount in plan["mounts"]}
+    assert mounts["/src"]["Source"] == work.repo and mounts["/src"]["ReadOnly"]
+    assert mounts["/wheelhouse"]["Source"] == work.wheelhouse and mounts["/wheelhouse"]["ReadOnly"]
+    assert mounts["/cache"]["Type"] == "volume" and mounts["/cache"]["Source"] == "cache-volume"
+    assert not mounts["/cache"]["ReadOnly"]
+    assert plan["name"] == "fallback-matrix-cpu-x1"
     # the job is the package's own module, found in the mounted src/ (working directory)
-    assert plan.command == [
+    assert plan["working_dir"] == "/src/src"
+    assert plan["command"] == [
         "python3",
         "-m",
-        "fallback_matrix.cell_job",
+        "fallback_matrix.job",
         "/tmp/fallback-matrix-job.json",
     ]
 
 
-def test_plan_job_uses_container_paths(work: CellWork) -> None:
-    job = Job.from_json(plan_container(work, "img").job_json)
+def test_plan_job_uses_container_paths(work: Job) -> None:
+    job, _ = plan_container(work, "img")
     assert (job.repo, job.wheelhouse, job.cache, job.artifacts) == (
         "/src",
         "/wheelhouse",
         "/cache",
         "/out",
     )
-    assert job.torch_requirement == "torch==2.13.0+cpu"
-    assert job.expected_cuda is None
+    assert job.torch == "2.13.0+cpu"
+    assert job.cuda is None
     assert job.test_markers == "not requires_cuda"
+    staged = dataclasses.replace(work, prebuilt_wheel=f"{work.repo}/.cache/test-wheel/cpu/x.whl")
+    assert plan_container(staged, "img")[0].prebuilt_wheel == "/src/.cache/test-wheel/cpu/x.whl"
 
 
-def test_plan_passes_ci_through(work: CellWork) -> None:
-    assert plan_container(work, "img", environ={"CI": "true"}).environment["CI"] == "true"
-    assert "CI" not in plan_container(work, "img", environ={}).environment
+def test_plan_passes_ci_through(work: Job) -> None:
+    assert plan_container(work, "img", environ={"CI": "true"})[1]["environment"]["CI"] == "true"
+    assert "CI" not in plan_container(work, "img", environ={})[1]["environment"]
 
 
-def test_gpus_only_when_asked_or_needed(work: CellWork, matrix_data: dict[str, Any]) -> None:
-    assert not plan_container(work, "img").gpus
-    assert plan_container(CellWork(**{**work.__dict__, "gpus": True}), "img").gpus
-    gpu_cell = expand_cells(MatrixFile.model_validate(matrix_data))[2]
-    assert plan_container(CellWork(**{**work.__dict__, "cell": gpu_cell}), "img").gpus
+def test_gpus_only_when_asked_or_needed(work: Job) -> None:
+    def requests(job: Job) -> Any:
+        client = fake_client(fake_container())
+        run_container(client, *plan_container(job, "img"), MagicMock(), Path("/tmp/unused"))
+        return client.containers.create.call_args.kwargs["device_requests"]
+
+    assert requests(work) is None
+    assert requests(dataclasses.replace(work, gpus=True))
+    assert requests(dataclasses.replace(work, gpu=True))  # a gpu cell
 
 
 def test_an_existing_image_is_reused(cell_log: Any) -> None:
@@ -144,27 +150,27 @@ def test_an_image_build_failure_names_the_cell_and_log(cell_log: Any) -> None:
     client.api.build.return_value = iter([{"error": "apt-get failed"}])
     plan = ImagePlan(Path("/ctx"), "Dockerfile", {}, "torch-fallback-build:abc")
     with pytest.raises(
-        ImageBuildError,
+        CellError,
         match=r"cell cpu: building image .* failed: apt-get failed; log: .*cell.log",
     ):
         ensure_image(client, plan, cell_log)
 
 
 def test_a_passing_container_streams_logs_copies_artifacts_and_is_removed(
-    work: CellWork, cell_log: Any
+    work: Job, cell_log: Any
 ) -> None:
     container = fake_container(exit_code=0)
     client = fake_client(container)
-    status = execute(client, plan_container(work, "img"), cell_log, work.artifacts)
+    status = run_container(client, *plan_container(work, "img"), cell_log, Path(work.artifacts))
     assert status == 0
     assert "hello\nworld\n" in cell_log.path.read_text()
-    assert (work.artifacts / "junit.xml").read_bytes() == b"<testsuite/>"
+    assert (Path(work.artifacts) / "junit.xml").read_bytes() == b"<testsuite/>"
     container.put_archive.assert_called_once()
     container.remove.assert_called_once_with(force=True)
     kwargs = client.containers.create.call_args.kwargs
     assert kwargs["network_mode"] == "none"
     assert kwargs["device_requests"] is None
-    assert kwargs["labels"][LABEL] == "1"
+    assert kwargs["labels"] == {LABEL: "1", CELL_LABEL: "cpu"}
     assert all(
         mount["ReadOnly"]
         for mount in kwargs["mounts"]
@@ -172,46 +178,49 @@ def test_a_passing_container_streams_logs_copies_artifacts_and_is_removed(
     )
 
 
-def test_a_failing_container_returns_its_status_and_is_removed(
-    work: CellWork, cell_log: Any
-) -> None:
+def test_a_failing_container_returns_its_status_and_is_removed(work: Job, cell_log: Any) -> None:
     container = fake_container(exit_code=1)
     assert (
-        execute(fake_client(container), plan_container(work, "img"), cell_log, work.artifacts) == 1
+        run_container(
+            fake_client(container), *plan_container(work, "img"), cell_log, Path(work.artifacts)
+        )
+        == 1
     )
     container.remove.assert_called_once_with(force=True)
 
 
-def test_ctrl_c_removes_the_container(work: CellWork, cell_log: Any) -> None:
+def test_ctrl_c_removes_the_container(work: Job, cell_log: Any) -> None:
     container = fake_container(logs_error=KeyboardInterrupt())
     with pytest.raises(KeyboardInterrupt):
-        execute(fake_client(container), plan_container(work, "img"), cell_log, work.artifacts)
+        run_container(
+            fake_client(container), *plan_container(work, "img"), cell_log, Path(work.artifacts)
+        )
     container.remove.assert_called_once_with(force=True)
 
 
-def test_gpu_request_without_gpu_support_is_explained(work: CellWork, cell_log: Any) -> None:
+def test_gpu_request_without_gpu_support_is_explained(work: Job, cell_log: Any) -> None:
     container = fake_container()
     container.start.side_effect = docker.errors.APIError(
         "500", explanation='could not select device driver "" with capabilities: [[gpu]]'
     )
     client = fake_client(container)
-    plan = plan_container(CellWork(**{**work.__dict__, "gpus": True}), "img")
+    plan = plan_container(dataclasses.replace(work, gpus=True), "img")
     with pytest.raises(
         RunnerUnavailableError, match="cell cpu: Docker cannot give the container a GPU"
     ):
-        execute(client, plan, cell_log, work.artifacts)
+        run_container(client, *plan, cell_log, Path(work.artifacts))
     assert client.containers.create.call_args.kwargs["device_requests"][0]["Capabilities"] == [
         ["gpu"]
     ]
     container.remove.assert_called_once_with(force=True)
 
 
-def test_runner_builds_or_reuses_image_then_runs(work: CellWork, cell_log: Any) -> None:
+def test_runner_builds_or_reuses_image_then_runs(work: Job, cell_log: Any) -> None:
     container = fake_container(exit_code=0)
     client = fake_client(container)
-    outcome = DockerRunner(connect=lambda: client).run(work, cell_log)
-    assert outcome.exit_code == 0
-    assert "torch-fallback-build:" in outcome.where
+    status, where = DockerRunner(client).run(work, cell_log)
+    assert status == 0
+    assert "torch-fallback-build:" in where
     assert client.containers.create.call_args.kwargs["image"].startswith("torch-fallback-build:")
 
 
@@ -233,7 +242,7 @@ def _stat(uid: int, gid: int) -> Any:
 
 
 def test_a_host_cache_directory_makes_the_job_run_as_its_owner() -> None:
-    from fallback_matrix.runners.docker_runner import cache_user
+    from fallback_matrix.runners import cache_user
 
     # a hosted runner's workspace belongs to uid 1001, the image's user is 1000
     assert cache_user("/home/runner/work/cache", stat=_stat(1001, 118)) == "1001:118"
@@ -241,13 +250,15 @@ def test_a_host_cache_directory_makes_the_job_run_as_its_owner() -> None:
     assert cache_user("torch-fallback-matrix-cache") is None  # a named volume
 
 
-def test_the_plan_carries_the_user_and_the_network(work: CellWork) -> None:
-    plan = plan_container(work, "img:tag", volume="/ci/cache", user="1001:118")
-    assert plan.user == "1001:118" and plan.network == "none"
-    assert plan.environment["HOME"] == "/tmp"  # a uid without a passwd entry still has a HOME
+def test_the_plan_carries_the_user_and_the_network(work: Job) -> None:
+    inside, plan = plan_container(work, "img:tag", volume="/ci/cache", user="1001:118")
+    assert plan["user"] == "1001:118" and plan["network_mode"] == "none"
+    assert plan["environment"]["HOME"] == "/tmp"  # a uid without a passwd entry still has a HOME
     client = fake_client(fake_container())
-    execute(client, plan, MagicMock(), Path("/tmp/unused-artifacts"))
+    run_container(client, inside, plan, MagicMock(), Path("/tmp/unused-artifacts"))
     kwargs = client.containers.create.call_args.kwargs
     assert kwargs["user"] == "1001:118" and kwargs["network_mode"] == "none"
     from_index = dataclasses.replace(work, index_url="http://127.0.0.1:1/simple/", requirement="x")
-    assert plan_container(from_index, "img:tag").network == "host"  # reaches the local index
+    assert (
+        plan_container(from_index, "img:tag")[1]["network_mode"] == "host"
+    )  # reaches the local index

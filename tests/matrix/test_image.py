@@ -7,12 +7,36 @@ from typing import Any
 
 import pytest
 
-from fallback_matrix.cells import expand_cells
-from fallback_matrix.errors import ImageBuildError
-from fallback_matrix.image import image_tag, plan_image
-from fallback_matrix.model import MatrixFile
+from fallback_matrix.cli import make_job
+from fallback_matrix.job import Job
+from fallback_matrix.matrix import CellError, LoadedMatrix, MatrixFile, expand_cells
+from fallback_matrix.runners import plan_image
 
-ARGS = {"BASE_IMAGE": "python:3.11-slim-bookworm"}
+BASE = "python:3.11-slim-bookworm"
+
+
+JOB_FIELDS: dict[str, Any] = {
+    "cell": "cpu",
+    "python": "3.11",
+    "torch": "2.13.0+cpu",
+    "cuda": None,
+    "test_paths": ["tests"],
+    "test_markers": "not requires_cuda",
+    "allow_empty": False,
+    "gpu": False,
+    "sources": [],
+    "repo": "/repo",
+    "wheelhouse": "/wheelhouse",
+    "cache": "/cache",
+    "work": "/work",
+    "artifacts": "/out",
+}
+
+
+def jobs_of(matrix_data: dict[str, Any], repo: Path) -> list[Job]:
+    spec = MatrixFile.model_validate(matrix_data)
+    matrix = LoadedMatrix(repo / "matrix.yaml", spec)
+    return [make_job(matrix, cell, repo / ".cache", repo / "out") for cell in expand_cells(spec)]
 
 
 @pytest.fixture
@@ -23,37 +47,40 @@ def context(tmp_path: Path) -> Path:
     return directory
 
 
+def image_tag(context: Path, base: str = BASE) -> str:
+    job = Job(**{**JOB_FIELDS, "repo": str(context.parent), "base_image": base})
+    return plan_image(context.parent, job).tag
+
+
 def test_unchanged_inputs_give_the_same_tag(context: Path) -> None:
-    assert image_tag(context, ARGS) == image_tag(context, dict(ARGS))
+    assert image_tag(context) == image_tag(context)
 
 
 def test_tag_names_the_repository(context: Path) -> None:
-    repository, _, digest = image_tag(context, ARGS).partition(":")
+    repository, _, digest = image_tag(context).partition(":")
     assert repository == "torch-fallback-build"
     assert len(digest) == 12
 
 
 def test_a_dockerfile_change_gives_a_new_tag(context: Path) -> None:
-    before = image_tag(context, ARGS)
+    before = image_tag(context)
     (context / "Dockerfile").write_text("ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nRUN echo changed\n")
-    assert image_tag(context, ARGS) != before
+    assert image_tag(context) != before
 
 
 def test_a_build_arg_change_gives_a_new_tag(context: Path) -> None:
-    assert image_tag(context, ARGS) != image_tag(
-        context, {"BASE_IMAGE": "python:3.12-slim-bookworm"}
-    )
+    assert image_tag(context) != image_tag(context, "python:3.12-slim-bookworm")
 
 
 def test_a_new_context_file_gives_a_new_tag(context: Path) -> None:
-    before = image_tag(context, ARGS)
+    before = image_tag(context)
     (context / "requirements.txt").write_text("x\n")
-    assert image_tag(context, ARGS) != before
+    assert image_tag(context) != before
 
 
 def test_plan_uses_the_cell_base_as_build_arg(repo_root: Path, matrix_data: dict[str, Any]) -> None:
     matrix_data["cells"][0]["image"] = {"base": "debian:bookworm-slim"}
-    cpu, cuda, _ = expand_cells(MatrixFile.model_validate(matrix_data))
+    cpu, cuda, _ = jobs_of(matrix_data, repo_root)
     plan_cpu, plan_cuda = plan_image(repo_root, cpu), plan_image(repo_root, cuda)
     assert plan_cpu.build_args == {"BASE_IMAGE": "debian:bookworm-slim"}
     assert plan_cpu.context == repo_root / "docker"
@@ -61,6 +88,6 @@ def test_plan_uses_the_cell_base_as_build_arg(repo_root: Path, matrix_data: dict
 
 
 def test_plan_names_a_missing_dockerfile(tmp_path: Path, matrix_data: dict[str, Any]) -> None:
-    cell = expand_cells(MatrixFile.model_validate(matrix_data))[0]
-    with pytest.raises(ImageBuildError, match=r"cell cpu: Dockerfile .* not found"):
-        plan_image(tmp_path, cell)
+    job = jobs_of(matrix_data, tmp_path)[0]
+    with pytest.raises(CellError, match=r"cell cpu: Dockerfile .* not found"):
+        plan_image(tmp_path, job)

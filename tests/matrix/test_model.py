@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 
 from fallback_matrix import cli
-from fallback_matrix.errors import MatrixFileError
-from fallback_matrix.loader import format_key_path, load_matrix
+from fallback_matrix.matrix import MatrixFileError, format_key_path, load_matrix
 
 
 def problems_of(path: Path) -> str:
@@ -211,4 +210,4 @@ def test_pypi_cells_build_and_at_most_one_per_python(
         load_matrix(write_matrix(matrix_data))
     message = str(caught.value)
     assert "cells[2].pypi: pypi: true marks a cell that builds the wheel PyPI gets" in message
-    assert "cells[3].pypi: a second pypi: true cell for Python 3.11 (first: cuda)" in message
+    assert "cells[3].pypi: a second pypi: true cell for Python 3.11 (first: cuda;" in message

@@ -8,10 +8,8 @@ from typing import Any
 import pytest
 
 from fallback_matrix import cli
-from fallback_matrix.cells import expand_cells
-from fallback_matrix.errors import MatrixError
-from fallback_matrix.model import MatrixFile
-from fallback_matrix.release import collect_dist
+from fallback_matrix.cli import collect_dist
+from fallback_matrix.matrix import MatrixError, MatrixFile, expand_cells
 
 PLAIN = "torch_fallback-0.1.0-cp311-cp311-manylinux_2_34_x86_64.whl"
 

@@ -8,11 +8,15 @@ from pathlib import Path
 import pytest
 
 import docker
-from fallback_matrix.errors import RunnerUnavailableError
-from fallback_matrix.runners import engine
-from fallback_matrix.runners.choose import decide_runner
-from fallback_matrix.runners.engine import EngineStatus, connect_docker, engine_status
-from fallback_matrix.runners.local import find_python
+from fallback_matrix.matrix import RunnerUnavailableError
+from fallback_matrix.report import Reporter
+from fallback_matrix.runners import (
+    EngineStatus,
+    choose_runner,
+    connect_docker,
+    engine_status,
+    find_python,
+)
 
 
 @pytest.fixture
@@ -36,7 +40,7 @@ def test_no_daemon_says_how_to_start_one_or_use_local(no_daemon: None) -> None:
 
 def test_asking_for_docker_without_a_daemon_fails_clearly(no_daemon: None) -> None:
     with pytest.raises(RunnerUnavailableError, match="Start the Docker daemon"):
-        decide_runner("docker")
+        choose_runner("docker")
 
 
 def test_engine_status_reports_instead_of_raising(no_daemon: None) -> None:
@@ -46,30 +50,24 @@ def test_engine_status_reports_instead_of_raising(no_daemon: None) -> None:
 
 
 def test_auto_picks_local_without_a_daemon() -> None:
-    decision = decide_runner("auto", status=lambda: EngineStatus(False, "no daemon"))
-    assert decision.name == "local"
-    assert "auto" in decision.reason
+    runner, reason = choose_runner("auto", status=lambda: EngineStatus(False, "no daemon"))
+    assert runner.name == "local"
+    assert "auto" in reason
 
 
 def test_auto_picks_docker_when_a_daemon_answers() -> None:
-    decision = decide_runner(
+    runner, reason = choose_runner(
         "auto", status=lambda: EngineStatus(True, "Docker engine 27.0 answers")
     )
-    assert decision.name == "docker"
-    assert "Docker engine 27.0 answers" in decision.reason
+    assert runner.name == "docker"
+    assert "Docker engine 27.0 answers" in reason
 
 
 def test_local_is_local_without_asking_docker() -> None:
     def must_not_be_called() -> EngineStatus:
         raise AssertionError("local must not probe Docker")
 
-    assert decide_runner("local", status=must_not_be_called).name == "local"
-
-
-def test_missing_docker_package_is_explained(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "docker", None)
-    with pytest.raises(RunnerUnavailableError, match="pip install docker"):
-        engine.connect_docker()
+    assert choose_runner("local", status=must_not_be_called)[0].name == "local"
 
 
 def test_local_runner_uses_this_python_when_versions_match() -> None:
@@ -86,17 +84,93 @@ def test_a_python_of_another_version_is_found_under_pyenv(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
 
-    from fallback_matrix.errors import RunnerUnavailableError
-    from fallback_matrix.runners import local
+    from fallback_matrix import runners as local
+    from fallback_matrix.matrix import RunnerUnavailableError
 
     monkeypatch.setenv("PYENV_ROOT", str(tmp_path))
     python = tmp_path / "versions" / "3.10.13" / "bin" / "python3.10"
     python.parent.mkdir(parents=True)
-    python.symlink_to(sys.executable)  # a stand-in that answers with this version
-    running = f"{sys.version_info.major}.{sys.version_info.minor}"
-    monkeypatch.setattr(
-        local, "_python_version", lambda path: "3.10" if "3.10" in path else running
-    )
+    python.write_text("#!/bin/sh\necho 3.10\n")  # a stand-in that answers as Python 3.10
+    python.chmod(0o755)
     assert local.find_python("3.10", which=lambda name: None) == str(python)
     with pytest.raises(RunnerUnavailableError, match=r"no Python 3\.9 here.*install Python 3\.9"):
         local.find_python("3.9", which=lambda name: None)
+
+
+# --- one cell from the host's side: wheelhouse, job, runner, result -------------------------------
+
+
+class FakeRunner:
+    name = "fake"
+
+    def __init__(self, status: int) -> None:
+        self.status, self.jobs = status, []  # type: ignore[var-annotated]
+
+    def run(self, job: object, log: Reporter) -> tuple[int, str]:
+        self.jobs.append(job)
+        log.say("the job ran")
+        return self.status, "a fake runner"
+
+
+@pytest.mark.parametrize("status", [0, 137])
+def test_run_cell_gives_the_job_its_wheelhouse_and_records_the_result(
+    repo_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, status: int
+) -> None:
+    import json
+
+    from fallback_matrix.cli import run_cell
+    from fallback_matrix.matrix import expand_cells, load_matrix, pick_cells
+    from fallback_matrix.wheelhouse import MANIFEST_NAME, WheelhouseRequest, wheelhouse_path
+
+    monkeypatch.setenv("FALLBACK_MATRIX_CACHE", str(tmp_path / "cache"))
+    matrix = load_matrix(repo_root / "matrix.yaml")
+    (cell,) = pick_cells(expand_cells(matrix.spec), ["cpu"])
+    request = WheelhouseRequest.for_cell(cell, repo_root / "pyproject.toml")
+    wheelhouse = wheelhouse_path(tmp_path / "cache", request)
+    wheelhouse.mkdir(parents=True)
+    (wheelhouse / MANIFEST_NAME).write_text("{}")  # complete: nothing to download
+    runner = FakeRunner(status)
+    result = run_cell(matrix, cell, runner, artifacts_root=tmp_path / "out", reporter=Reporter())
+    (job,) = runner.jobs
+    assert job.wheelhouse == str(wheelhouse) and job.torch == "2.13.0+cpu"
+    assert "the job ran" in result.log.read_text()
+    record = json.loads((tmp_path / "out" / "cpu" / "result.json").read_text())
+    assert (record["runner"], record["exit_code"], record["where"]) == (
+        "fake",
+        status,
+        "a fake runner",
+    )
+    if status:
+        assert result.error is not None and "killed by SIGKILL" in result.error
+    else:
+        assert result.error is None
+
+
+def test_clean_removes_leftovers_and_with_caches_the_caches(
+    repo_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from unittest.mock import MagicMock
+
+    from fallback_matrix import cli, runners
+
+    cache = tmp_path / "cache"
+    (cache / "wheelhouse" / ".torch-x.partial").mkdir(parents=True)
+    (cache / "wheelhouse" / "torch-x").mkdir()
+    monkeypatch.setenv("FALLBACK_MATRIX_CACHE", str(cache))
+    client = MagicMock()
+    leftover = MagicMock()
+    client.containers.list.return_value = [leftover]
+    monkeypatch.setattr(runners, "engine_status", lambda: EngineStatus(True, "answers"))
+    monkeypatch.setattr(runners, "connect_docker", lambda: client)
+    matrix = ["--matrix", str(repo_root / "matrix.yaml")]
+
+    assert cli.main([*matrix, "clean"]) == cli.EXIT_OK
+    assert client.containers.list.call_args.kwargs["filters"] == {"label": runners.LABEL}
+    leftover.remove.assert_called_once_with(force=True)
+    assert not (cache / "wheelhouse" / ".torch-x.partial").exists()
+    assert (cache / "wheelhouse" / "torch-x").is_dir()  # a complete wheelhouse stays
+    client.volumes.list.assert_not_called()
+
+    assert cli.main([*matrix, "clean", "--caches"]) == cli.EXIT_OK
+    assert client.volumes.list.call_args.kwargs["filters"] == {"name": runners.CACHE_VOLUME}
+    assert not cache.exists()

@@ -10,8 +10,14 @@ import pytest
 from rich.console import Console
 
 from fallback_matrix import cli
-from fallback_matrix.junit import JUnitCounts, read_counts
-from fallback_matrix.summary import closing_line, collect_rows, render_markdown, render_table
+from fallback_matrix.summary import (
+    JUnitCounts,
+    closing_line,
+    collect_rows,
+    read_counts,
+    render_markdown,
+    render_table,
+)
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites name="pytest tests">

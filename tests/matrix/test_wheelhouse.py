@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from fallback_matrix.errors import WheelhouseError
-from fallback_matrix.index_probe import ProbeResult
 from fallback_matrix.wheelhouse import (
     MANIFEST_NAME,
+    ProbeResult,
+    WheelhouseError,
     WheelhouseRequest,
     ensure_wheelhouse,
     wheelhouse_path,
@@ -227,8 +227,8 @@ def test_wheels_are_downloaded_by_the_cells_own_python(
 ) -> None:
     """pip evaluates dependency markers (tomli; python_version < "3.11") for the Python it
     runs on: a Python 3.10 cell's wheelhouse is filled by a Python 3.10 pip (>= 25.1)."""
+    from fallback_matrix import runners as local
     from fallback_matrix import wheelhouse
-    from fallback_matrix.runners import local
 
     commands: list[list[str]] = []
 
@@ -239,7 +239,7 @@ def test_wheels_are_downloaded_by_the_cells_own_python(
         return 0
 
     monkeypatch.setattr(local, "find_python", lambda version, **kwargs: f"/opt/py{version}")
-    monkeypatch.setattr(wheelhouse, "run_streaming", fake_run)
+    monkeypatch.setattr(wheelhouse, "run_process", fake_run)
     python = wheelhouse.download_python("3.10", tmp_path, cell_log)
     assert python == str(tmp_path / "pip" / "py3.10" / "bin" / "python")
     assert commands == [

@@ -1,4 +1,4 @@
-"""The in-cell job: standard library only; strict about its job file, torch variant and sources."""
+"""The job: stdlib only at its top; strict about its job file, torch variant and sources."""
 
 from __future__ import annotations
 
@@ -14,27 +14,29 @@ from typing import Any
 
 import pytest
 
-from fallback_matrix import cell_job, report
-from fallback_matrix.cell_job import (
+from fallback_matrix import job as job_module
+from fallback_matrix import report
+from fallback_matrix.job import (
     Job,
-    Layout,
-    Reporter,
     StepFailed,
+    cuda_matches,
     locked,
     run_tests,
     sync_sources,
+    torch_matches,
+    torch_pins,
 )
-from fallback_matrix.versions import cuda_matches, torch_matches, torch_pins
+from fallback_matrix.report import Reporter
 
 JOB = Job(
     cell="cpu",
-    torch_requirement="torch==2.13.0+cpu",
-    expected_cuda=None,
-    groups=["build", "test"],
+    python="3.11",
+    torch="2.13.0+cpu",
+    cuda=None,
     test_paths=["tests"],
     test_markers="not requires_cuda",
     allow_empty=False,
-    require_gpu=False,
+    gpu=False,
     sources=[],
     repo="/src",
     wheelhouse="/wheelhouse",
@@ -44,16 +46,16 @@ JOB = Job(
 )
 
 
-@pytest.mark.parametrize("module", [cell_job, report])
+@pytest.mark.parametrize("module", [job_module, report])
 def test_what_a_cell_runs_first_needs_only_the_standard_library(module: Any) -> None:
     """The job starts on an image's bare Python: it and the reporter it shares with the
-    host import nothing else (versions.py runs later, in the cell's environment)."""
+    host import nothing else (its version checks run later, in the cell's environment)."""
     tree = ast.parse(Path(module.__file__).read_text())
     imported = set()
-    for node in ast.walk(tree):
+    for node in tree.body:  # the module's own imports; a function may import from the cell
         if isinstance(node, ast.Import):
             imported |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.col_offset == 0:
+        elif isinstance(node, ast.ImportFrom):
             assert node.level == 0, "the job runs as python -m: absolute imports"
             imported.add(node.module or "")
     third_party = {name for name in imported if name.split(".")[0] not in sys.stdlib_module_names}
@@ -66,9 +68,11 @@ def test_job_round_trips_through_json() -> None:
 
 def test_job_file_with_wrong_keys_is_refused() -> None:
     data = json.loads(JOB.to_json())
-    del data["cell"]
     data["colour"] = "blue"
-    with pytest.raises(ValueError, match=r"missing keys \['cell'\], unknown keys \['colour'\]"):
+    with pytest.raises(TypeError, match="colour"):
+        Job.from_json(json.dumps(data))
+    del data["colour"], data["cell"]
+    with pytest.raises(TypeError, match="cell"):
         Job.from_json(json.dumps(data))
 
 
@@ -79,20 +83,20 @@ def test_job_file_with_wrong_keys_is_refused() -> None:
         ({}, "2.13.0+cpu", "13.0", False),
         ({}, "2.13.0", None, False),
         (
-            {"torch_requirement": "torch==2.14.1", "expected_cuda": "13"},
+            {"torch": "2.14.1", "cuda": "13"},
             "2.14.1+cu130",
             "13.0",
             True,
         ),
-        ({"torch_requirement": "torch==2.14.1", "expected_cuda": "13"}, "2.14.1+cpu", None, False),
+        ({"torch": "2.14.1", "cuda": "13"}, "2.14.1+cpu", None, False),
         (
-            {"torch_requirement": "torch==2.14.1", "expected_cuda": "13"},
+            {"torch": "2.14.1", "cuda": "13"},
             "2.14.1+cu128",
             "12.8",
             False,
         ),
         (
-            {"torch_requirement": "torch==2.14.1", "expected_cuda": "13"},
+            {"torch": "2.14.1", "cuda": "13"},
             "2.14.0+cu130",
             "13.0",
             False,
@@ -103,13 +107,13 @@ def test_torch_variant_check(
     job_changes: dict[str, Any], version: str, cuda: str | None, ok: bool
 ) -> None:
     job = dataclasses.replace(JOB, **job_changes)
-    matches = torch_matches(job.torch_version, version) and cuda_matches(job.expected_cuda, cuda)
+    matches = torch_matches(job.torch, version) and cuda_matches(job.cuda, cuda)
     assert matches is ok
 
 
-def layout_for(tmp_path: Path, sources: list[str]) -> Layout:
+def job_for(tmp_path: Path, sources: list[str]) -> Job:
     repo = tmp_path / "repo"
-    job = dataclasses.replace(
+    return dataclasses.replace(
         JOB,
         sources=sources,
         repo=str(repo),
@@ -117,7 +121,6 @@ def layout_for(tmp_path: Path, sources: list[str]) -> Layout:
         work=str(tmp_path / "work"),
         artifacts=str(tmp_path / "out"),
     )
-    return Layout(job)
 
 
 def test_sources_are_copied_kept_and_removed(tmp_path: Path) -> None:
@@ -126,9 +129,9 @@ def test_sources_are_copied_kept_and_removed(tmp_path: Path) -> None:
     (repo / "setup.py").write_text("setup()")
     (repo / "src" / "a.cpp").write_text("int a;")
     (repo / "src" / "gone.cpp").write_text("int g;")
-    layout = layout_for(tmp_path, ["setup.py", "src/a.cpp", "src/gone.cpp"])
-    sync_sources(layout, Reporter(cell="cpu"))
-    build = layout.build_dir
+    job = job_for(tmp_path, ["setup.py", "src/a.cpp", "src/gone.cpp"])
+    sync_sources(job, Reporter(cell="cpu"))
+    build = job.build_dir
     assert build == tmp_path / "cache" / "build" / "cpu"
     assert (build / "src" / "a.cpp").read_text() == "int a;"
     assert (
@@ -141,7 +144,7 @@ def test_sources_are_copied_kept_and_removed(tmp_path: Path) -> None:
     (build / "build" / "lib.linux" / "pkg" / "stale.py").write_text("")
     (build / "generated.json").write_text("{}")
     (repo / "src" / "gone.cpp").unlink()
-    shrunk = Layout(dataclasses.replace(layout.job, sources=["setup.py", "src/a.cpp"]))
+    shrunk = dataclasses.replace(job, sources=["setup.py", "src/a.cpp"])
     sync_sources(shrunk, Reporter(cell="cpu"))
     assert not (build / "src" / "gone.cpp").exists()  # removed from the repository
     assert (build / "build" / "temp.linux" / "a.o").exists()  # ninja's objects stay
@@ -155,9 +158,9 @@ def test_unchanged_sources_are_not_rewritten(
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "a.cpp").write_text("int a;")
-    layout = layout_for(tmp_path, ["a.cpp"])
-    sync_sources(layout, Reporter(cell="cpu"))
-    sync_sources(layout, Reporter(cell="cpu"))
+    job = job_for(tmp_path, ["a.cpp"])
+    sync_sources(job, Reporter(cell="cpu"))
+    sync_sources(job, Reporter(cell="cpu"))
     assert "0 file(s) copied, 1 unchanged" in capsys.readouterr().out
 
 
@@ -166,33 +169,31 @@ def test_no_tests_collected_passes_only_when_allowed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, allow_empty: bool, passes: bool
 ) -> None:
     (tmp_path / "repo" / "tests").mkdir(parents=True)
-    layout = layout_for(tmp_path, [])
-    layout = Layout(dataclasses.replace(layout.job, allow_empty=allow_empty))
-    monkeypatch.setattr(cell_job, "run", lambda *args, **kwargs: cell_job.PYTEST_NO_TESTS)
+    job = job_for(tmp_path, [])
+    job = dataclasses.replace(job, allow_empty=allow_empty)
+    monkeypatch.setattr(job_module, "run", lambda *args, **kwargs: job_module.PYTEST_NO_TESTS)
     if passes:
-        run_tests(layout, {}, Reporter(cell="cpu"))
+        run_tests(job, {}, Reporter(cell="cpu"))
     else:
         with pytest.raises(
             StepFailed, match=r"no test selected by -m 'not requires_cuda'.*allow_empty"
         ):
-            run_tests(layout, {}, Reporter(cell="cpu"))
+            run_tests(job, {}, Reporter(cell="cpu"))
 
 
 def test_failing_tests_fail_the_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "repo" / "tests").mkdir(parents=True)
-    monkeypatch.setattr(cell_job, "run", lambda *args, **kwargs: 1)
+    monkeypatch.setattr(job_module, "run", lambda *args, **kwargs: 1)
     with pytest.raises(StepFailed, match="pytest failed"):
-        run_tests(layout_for(tmp_path, []), {}, Reporter(cell="cpu"))
+        run_tests(job_for(tmp_path, []), {}, Reporter(cell="cpu"))
 
 
 def test_gpu_cells_make_a_missing_gpu_fail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "repo" / "tests").mkdir(parents=True)
     seen: dict[str, str] = {}
-    monkeypatch.setattr(cell_job, "run", lambda command, env, cwd=None: seen.update(env) or 0)
-    layout = layout_for(tmp_path, [])
-    run_tests(
-        Layout(dataclasses.replace(layout.job, require_gpu=True)), {}, Reporter(cell="cuda-gpu")
-    )
+    monkeypatch.setattr(job_module, "run", lambda command, env, cwd=None: seen.update(env) or 0)
+    job = job_for(tmp_path, [])
+    run_tests(dataclasses.replace(job, gpu=True), {}, Reporter(cell="cuda-gpu"))
     assert seen["TORCH_FALLBACK_REQUIRE_GPU"] == "1"
 
 
@@ -200,14 +201,14 @@ def test_tests_run_outside_the_source_tree(tmp_path: Path, monkeypatch: pytest.M
     (tmp_path / "repo" / "tests").mkdir(parents=True)
     calls: list[tuple[list[Any], Path | None]] = []
     monkeypatch.setattr(
-        cell_job, "run", lambda command, env, cwd=None: calls.append((list(command), cwd)) or 0
+        job_module, "run", lambda command, env, cwd=None: calls.append((list(command), cwd)) or 0
     )
-    layout = layout_for(tmp_path, [])
-    run_tests(layout, {}, Reporter(cell="cpu"))
+    job = job_for(tmp_path, [])
+    run_tests(job, {}, Reporter(cell="cpu"))
     command, cwd = calls[0]
-    assert cwd == layout.test_cwd and not str(cwd).startswith(str(layout.repo))
+    assert cwd == job.test_cwd and not str(cwd).startswith(str(Path(job.repo)))
     assert "-p" in command and "no:cacheprovider" in command
-    assert command[command.index("--junitxml") + 1] == layout.artifacts / "junit.xml"
+    assert command[command.index("--junitxml") + 1] == Path(job.artifacts) / "junit.xml"
     assert command[command.index("-m", 3) + 1] == "not requires_cuda"
 
 
@@ -263,21 +264,21 @@ def test_the_wheel_must_pin_the_torch_it_was_built_against(
 ) -> None:
     wheel = make_wheel(tmp_path / "torch_fallback-0.1.0-cp311-cp311-linux_x86_64.whl", requires)
     assert (torch_pins(wheel) == ["==2.13.0"]) is ok
-    # the job asks the cell's environment (here: this Python) through fallback_matrix.versions
-    layout = layout_for(tmp_path, [])
-    (layout.run_venv / "bin").mkdir(parents=True)
-    (layout.run_venv / "bin" / "python").symlink_to(sys.executable)
+    # the job asks the cell's environment (here: this Python) through fallback_matrix.job
+    job = job_for(tmp_path, [])
+    (job.run_venv / "bin").mkdir(parents=True)
+    (job.run_venv / "bin" / "python").symlink_to(sys.executable)
     if ok:
-        assert cell_job.check_torch_pin(layout, wheel, "2.13.0+cpu", os.environ) == "torch==2.13.0"
+        assert job_module.check_torch_pin(job, wheel, "2.13.0+cpu", os.environ) == "torch==2.13.0"
     else:
         with pytest.raises(StepFailed, match=r"must say Requires-Dist: torch==2\.13\.0"):
-            cell_job.check_torch_pin(layout, wheel, "2.13.0+cpu", os.environ)
+            job_module.check_torch_pin(job, wheel, "2.13.0+cpu", os.environ)
 
 
 def test_repair_excludes_torchs_own_libraries_and_keeps_the_manylinux_wheel(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    layout = layout_for(tmp_path, [])
+    job = job_for(tmp_path, [])
     commands: list[list[str]] = []
 
     def fake_must_run(command: Any, env: Any, what: str, cwd: Any = None) -> None:
@@ -291,24 +292,24 @@ def test_repair_excludes_torchs_own_libraries_and_keeps_the_manylinux_wheel(
 
     import subprocess
 
-    monkeypatch.setattr(cell_job, "must_run", fake_must_run)
-    monkeypatch.setattr(cell_job.subprocess, "run", fake_show)
+    monkeypatch.setattr(job_module, "must_run", fake_must_run)
+    monkeypatch.setattr(job_module.subprocess, "run", fake_show)
     built = tmp_path / "torch_fallback-0.1.0-cp311-cp311-linux_x86_64.whl"
-    wheel, shown = cell_job.repair_wheel(
-        layout, built, ["libtorch_cpu.so", "libgomp-a34b3233.so.1"], {}
+    wheel, shown = job_module.repair_wheel(
+        job, built, ["libtorch_cpu.so", "libgomp-a34b3233.so.1"], {}
     )
     (command,) = commands
     excludes = {part.removeprefix("--exclude=") for part in command if "--exclude=" in part}
     assert {"libtorch*.so*", "libc10*.so*", "libtorch_cpu.so", "libgomp-a34b3233.so.1"} <= excludes
     assert command[-1] == str(built)
-    assert cell_job.platform_tag(wheel) == "manylinux_2_34_x86_64"
+    assert job_module.platform_tag(wheel) == "manylinux_2_34_x86_64"
     assert "manylinux_2_34" in shown and "manylinux_2_34" in capsys.readouterr().out
 
 
 def test_a_missing_example_fails_the_step_saying_what_to_do(tmp_path: Path) -> None:
     (tmp_path / "repo").mkdir()
     with pytest.raises(StepFailed, match=r"examples/third_party_backend is missing.*never skips"):
-        cell_job.run_example(layout_for(tmp_path, []), {}, Reporter(cell="cpu"))
+        job_module.run_example(job_for(tmp_path, []), {}, Reporter(cell="cpu"))
 
 
 def test_the_example_is_built_against_the_installed_wheel_and_tested(
@@ -319,27 +320,31 @@ def test_the_example_is_built_against_the_installed_wheel_and_tested(
     (example / "pyproject.toml").write_text("[project]\nname = 'x'\n")
     calls: list[list[str]] = []
     monkeypatch.setattr(
-        cell_job,
+        job_module,
         "must_run",
         lambda command, env, what, cwd=None: calls.append([str(p) for p in command]),
     )
     monkeypatch.setattr(
-        cell_job, "run", lambda command, env, cwd=None: calls.append([str(p) for p in command]) or 0
+        job_module,
+        "run",
+        lambda command, env, cwd=None: calls.append([str(p) for p in command]) or 0,
     )
-    layout = layout_for(tmp_path, [])
-    cell_job.run_example(layout, {}, Reporter(cell="cpu"))
+    job = job_for(tmp_path, [])
+    job_module.run_example(job, {}, Reporter(cell="cpu"))
     install, tests = calls
     assert install[install.index("install") + 1 :][:2] == ["--progress-bar", "off"]
     assert "--no-build-isolation" in install and "--no-index" in install
     # built from a copy (the repository is read-only in a container), into the run venv
-    assert install[-1] == str(layout.work / "example")
-    assert install[0] == str(layout.run_venv / "bin" / "python")
-    assert tests[tests.index("pytest") + 1] == str(layout.work / "example" / "tests")
-    assert tests[tests.index("--junitxml") + 1] == str(layout.artifacts / "example" / "junit.xml")
+    assert install[-1] == str(Path(job.work) / "example")
+    assert install[0] == str(job.run_venv / "bin" / "python")
+    assert tests[tests.index("pytest") + 1] == str(Path(job.work) / "example" / "tests")
+    assert tests[tests.index("--junitxml") + 1] == str(
+        Path(job.artifacts) / "example" / "junit.xml"
+    )
 
-    monkeypatch.setattr(cell_job, "run", lambda command, env, cwd=None: 1)
+    monkeypatch.setattr(job_module, "run", lambda command, env, cwd=None: 1)
     with pytest.raises(StepFailed, match="the tests of examples/third_party_backend failed"):
-        cell_job.run_example(layout, {}, Reporter(cell="cpu"))
+        job_module.run_example(job, {}, Reporter(cell="cpu"))
 
 
 def test_install_from_an_index_takes_dependencies_from_the_wheelhouse(
@@ -347,20 +352,19 @@ def test_install_from_an_index_takes_dependencies_from_the_wheelhouse(
 ) -> None:
     calls: list[list[str]] = []
     monkeypatch.setattr(
-        cell_job,
+        job_module,
         "must_run",
         lambda command, env, what, cwd=None: calls.append([str(p) for p in command]),
     )
-    layout = layout_for(tmp_path, [])
+    job = job_for(tmp_path, [])
     job = dataclasses.replace(
-        layout.job, index_url="http://127.0.0.1:8080/simple/", requirement="torch-fallback==0.1.0"
+        job, index_url="http://127.0.0.1:8080/simple/", requirement="torch-fallback==0.1.0"
     )
-    layout = Layout(job)
-    (layout.run_venv / "bin").mkdir(parents=True)
-    (layout.run_venv / "bin" / "python").symlink_to(sys.executable)
+    (job.run_venv / "bin").mkdir(parents=True)
+    (job.run_venv / "bin" / "python").symlink_to(sys.executable)
     with pytest.raises(StepFailed, match="torch_fallback resolves to"):  # nothing really installed
-        cell_job.install_wheel(layout, None, dict(os.environ), Reporter(cell="cpu"))
+        job_module.install_wheel(job, None, dict(os.environ), Reporter(cell="cpu"))
     (install,) = calls
     assert install[install.index("--index-url") + 1] == "http://127.0.0.1:8080/simple/"
-    assert install[install.index("--find-links") + 1] == str(layout.wheelhouse)
+    assert install[install.index("--find-links") + 1] == job.wheelhouse
     assert install[-1] == "torch-fallback==0.1.0"

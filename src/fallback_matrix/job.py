@@ -1,0 +1,529 @@
+"""The job of one cell, where it runs: in the cell's container, or on the host.
+
+Standard library only (and ``fallback_matrix.report``): inside a container this
+runs on the image's bare Python, before anything is installed. The runner writes
+a `Job` as JSON and starts ``python3 -m fallback_matrix.job JOB.json`` from the
+directory holding the package (the repository's src/). Version checks run in the
+cell's environment, which has packaging: ``python -m fallback_matrix.job torch
+PIN CUDA|-`` and ``... wheel WHEEL TORCH`` each print one JSON line. Steps:
+
+1. environment   a cached venv with the pinned torch and the dependency groups
+                 (pip install --group), offline from the wheelhouse; a fresh venv on top
+2. verify torch  the installed torch must be the pinned release and variant
+3. sources       the repository copied to a fixed build dir in the cache (ninja, ccache)
+4. build         pip wheel --no-build-isolation through ccache; the wheel must pin
+                 the torch release it was built against (Requires-Dist)
+5. repair        auditwheel repair, torch's own libraries excluded; auditwheel show
+6. install       the repaired wheel (or a prebuilt one, or one from a package index)
+7. tests         pytest from outside the source tree, so the installed wheel is tested
+8. example       the third-party backend built against the installed wheel, its tests
+9. artifacts     the wheel; result.json records every step (the host completes it)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fallback_matrix.report import RESULT_FILE, Reporter, run_process, without_pip_config
+
+STEPS = (
+    *("environment", "verify torch", "sources", "build", "repair", "install", "tests"),
+    *("example", "artifacts"),
+)
+GROUPS = ("build", "test")  # the dependency groups of pyproject.toml a cell installs
+PIP_WITH_GROUPS = "pip>=25.1"  # pip installs dependency groups (--group) since 25.1
+PLAIN_VERSION_ENV = "TORCH_FALLBACK_PLAIN_VERSION"  # setup.py: no local version label (PyPI)
+TORCH_LIBRARY_PATTERNS = ("libtorch*.so*", "libc10*.so*", "libshm*.so*")
+CCACHE_WRAPPERS = Path("/usr/lib/ccache")
+PYTEST_NO_TESTS = 5
+PACKAGE_PARENT = Path(__file__).resolve().parents[1]
+Command = Sequence[str | Path]
+
+
+@dataclass(frozen=True)
+class Job:
+    """What the host asks of one cell, as JSON; paths are as seen where the job runs."""
+
+    cell: str
+    python: str
+    torch: str  # the pinned version, e.g. "2.13.0+cpu"
+    cuda: str | None  # the CUDA major torch.version.cuda must have; None: a CPU-only build
+    test_paths: list[str]
+    test_markers: str
+    allow_empty: bool
+    gpu: bool  # the tests need a GPU: TORCH_FALLBACK_REQUIRE_GPU=1, a missing one fails them
+    sources: list[str]
+    repo: str
+    wheelhouse: str
+    cache: str
+    work: str
+    artifacts: str
+    dockerfile: str = "docker/Dockerfile"
+    base_image: str = "python:3.11-slim-bookworm"
+    gpus: bool = False  # pass the host's GPUs into the container
+    example: str = "examples/third_party_backend"
+    plain_version: bool = False  # build without the local version label (the PyPI build)
+    prebuilt_wheel: str | None = None  # set: install and test this wheel, build nothing
+    index_url: str | None = None  # set: install `requirement` from this index, build nothing
+    requirement: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> Job:
+        """The job in ``text``; TypeError names a missing or unknown key."""
+        return cls(**json.loads(text))
+
+    @property
+    def build_dir(self) -> Path:
+        """Fixed per cell, so compiler command lines (and ccache keys) repeat across runs."""
+        return Path(self.cache) / "build" / self.cell
+
+    @property
+    def run_venv(self) -> Path:
+        return Path(self.work) / "venv"
+
+    @property
+    def test_cwd(self) -> Path:
+        return Path(self.work) / "test-cwd"
+
+    def pip(self, *args: str | Path) -> list[str | Path]:
+        """pip of the run venv: ``pip install`` without progress bars."""
+        progress = ["--progress-bar", "off"] if args[:1] == ("install",) else []
+        return [self.run_venv / "bin" / "python", "-m", "pip", *args[:1], *progress, *args[1:]]
+
+
+class StepFailed(Exception):
+    """A step failed; the message says what happened and what to do."""
+
+
+def run(command: Command, env: Mapping[str, str], cwd: Path | None = None) -> int:
+    print(f"$ {' '.join(str(part) for part in command)}", flush=True)
+    return run_process(command, print, env=env, cwd=cwd)
+
+
+def must_run(command: Command, env: Mapping[str, str], what: str, cwd: Path | None = None) -> None:
+    status = run(command, env, cwd)
+    if status != 0:
+        raise StepFailed(f"{what} failed (exit status {status}); its output is above")
+
+
+def capture(command: Command, env: Mapping[str, str], cwd: Path | None = None) -> Any:
+    """``command`` run to its end, its output captured (a CompletedProcess)."""
+    command = [str(part) for part in command]
+    return subprocess.run(command, env=dict(env), cwd=cwd, capture_output=True, text=True)
+
+
+@contextmanager
+def locked(lock_file: Path, what: str, report: Reporter) -> Iterator[None]:
+    """Hold an exclusive lock: a second run of the same cell on this cache waits here."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with lock_file.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            report.say(f"waiting for another run that holds {what} ({lock_file})")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield  # closing the file releases the lock
+
+
+def site_packages(venv: Path) -> Path:
+    return venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+
+
+# --- steps ---------------------------------------------------------------------------------------
+
+
+def ensure_base_env(job: Job, env: Mapping[str, str], report: Reporter) -> Path:
+    """The cached venv with torch and the groups, keyed by the interpreter and the wheelhouse."""
+    content = {"python": sys.version, "base_prefix": sys.base_prefix, "groups": list(GROUPS)}
+    content |= {"torch": f"torch=={job.torch}", "wheelhouse": Path(job.wheelhouse).name}
+    key = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+    base = Path(job.cache) / "envs" / f"{job.cell}-{key}"
+    marker = base / ".fallback-matrix-complete"
+    with locked(base.with_name(base.name + ".lock"), "the environment", report):
+        if marker.is_file():
+            report.say(f"reusing environment {base} (same interpreter and wheelhouse)")
+            return base
+        shutil.rmtree(base, ignore_errors=True)
+        report.say(f"creating environment {base} from {job.wheelhouse}")
+        must_run([sys.executable, "-m", "venv", base], env, "creating the venv")
+        pip: list[str | Path] = [base / "bin" / "python", "-m", "pip", "install"]
+        pip += ["--progress-bar", "off"]
+        pip += ["--no-index", "--find-links", job.wheelhouse]
+        must_run([*pip, PIP_WITH_GROUPS], env, f"installing {PIP_WITH_GROUPS}")
+        groups = [f"--group={job.repo}/pyproject.toml:{group}" for group in GROUPS]
+        must_run([*pip, f"torch=={job.torch}", *groups], env, "installing torch and the groups")
+        marker.write_text(job.to_json(), encoding="utf-8")
+    return base
+
+
+def create_run_venv(job: Job, base: Path, env: Mapping[str, str], report: Reporter) -> None:
+    """A fresh venv for this run that sees the base env's packages through a .pth file."""
+    shutil.rmtree(job.run_venv, ignore_errors=True)
+    must_run([sys.executable, "-m", "venv", "--without-pip", job.run_venv], env, "the run venv")
+    pth = site_packages(job.run_venv) / "_fallback_matrix_base.pth"
+    pth.write_text(f"{site_packages(base)}\n", encoding="utf-8")
+    report.say(f"fresh venv {job.run_venv} on top of {base}")
+
+
+def check_in_env(job: Job, env: Mapping[str, str], *args: str) -> dict[str, Any]:
+    """``python -m fallback_matrix.job ARGS`` in the run venv: its JSON answer."""
+    python = job.run_venv / "bin" / "python"
+    result = capture([python, "-m", "fallback_matrix.job", *args], env, cwd=PACKAGE_PARENT)
+    if result.returncode != 0:
+        print(result.stdout + result.stderr, flush=True)
+        raise StepFailed(f"checking {args[0]} in {job.run_venv} failed; see the error above")
+    answer: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return answer
+
+
+def verify_torch(job: Job, env: Mapping[str, str], report: Reporter) -> dict[str, Any]:
+    info = check_in_env(job, env, "torch", job.torch, job.cuda or "-")
+    report.say(f"torch {info['version']}, torch.version.cuda={info['cuda']!r}, from {info['file']}")
+    if not info.pop("matches"):
+        build = f"a CUDA {job.cuda} build" if job.cuda else "a CPU-only build"
+        raise StepFailed(
+            f"cell {job.cell}: WRONG TORCH: wanted torch {job.torch}, {build}; got torch "
+            f"{info['version']} with torch.version.cuda={info['cuda']!r}. The wheelhouse "
+            f"{job.wheelhouse} holds the wrong build: delete it and run again, or check the "
+            "variant's index (matrix.yaml variants, --index-url)"
+        )
+    return info
+
+
+def sync_sources(job: Job, report: Reporter) -> None:
+    """Copy the listed files into the build dir, keeping mtimes; remove files no longer listed."""
+    dest, copied = job.build_dir, 0
+    manifest = dest / ".fallback-matrix-sources.json"
+    previous = set(json.loads(manifest.read_text(encoding="utf-8")) if manifest.is_file() else [])
+    for relative in job.sources:
+        source, target = Path(job.repo) / relative, dest / relative
+        if not source.is_file():
+            continue
+        wanted, have = source.stat(), target.stat() if target.is_file() else None
+        if have and (have.st_size, have.st_mtime_ns) == (wanted.st_size, wanted.st_mtime_ns):
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.unlink(missing_ok=True)
+        shutil.copy2(source, target)
+        target.chmod(target.stat().st_mode | 0o200)
+        copied += 1
+    removed = previous - set(job.sources)
+    for relative in removed:
+        (dest / relative).unlink(missing_ok=True)
+    manifest.write_text(json.dumps(sorted(job.sources)), encoding="utf-8")
+    # setuptools never empties its staging dirs: stale files there would end up in the wheel.
+    for stale in [*dest.glob("build/lib*"), *dest.glob("build/bdist*")]:
+        shutil.rmtree(stale, ignore_errors=True)
+    unchanged = len(job.sources) - copied
+    report.say(f"{dest}: {copied} file(s) copied, {unchanged} unchanged, {len(removed)} removed")
+
+
+def build_env(job: Job, base: Path, env: Mapping[str, str], report: Reporter) -> dict[str, str]:
+    """PATH with ccache's compiler wrappers and the venvs' tools (ninja) first; ccache settings."""
+    path = [str(job.run_venv / "bin"), str(base / "bin"), env.get("PATH", os.defpath)]
+    build = dict(env, MAX_JOBS=env.get("MAX_JOBS", str(os.cpu_count() or 1)))
+    if shutil.which("ccache", path=env.get("PATH")):
+        if CCACHE_WRAPPERS.is_dir():
+            path.insert(0, str(CCACHE_WRAPPERS))
+        ccache = Path(job.cache) / "ccache"
+        build |= {"CCACHE_DIR": str(ccache), "CCACHE_BASEDIR": str(job.build_dir)}
+        build |= {"CCACHE_NOHASHDIR": "1", "CCACHE_MAXSIZE": env.get("CCACHE_MAXSIZE", "5G")}
+        report.say(f"ccache on: {CCACHE_WRAPPERS} first on PATH, CCACHE_DIR={ccache}")
+    else:
+        report.say("ccache not found: builds are not cached (apt-get install ccache)")
+    return build | {"PATH": os.pathsep.join(path)}
+
+
+def one_wheel(directory: Path, what: str) -> Path:
+    wheels = sorted(directory.glob("*.whl"))
+    if len(wheels) != 1:
+        raise StepFailed(f"{what} left {[w.name for w in wheels]} in {directory}, not one wheel")
+    return wheels[0]
+
+
+def build_wheel(job: Job, env: Mapping[str, str]) -> Path:
+    dist = Path(job.work) / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    if "CCACHE_DIR" in env:
+        run(["ccache", "-z"], env)  # the statistics printed at the end are this build's
+    wheel = job.pip("wheel", "--no-build-isolation", "--no-deps", "--no-index", "-v", "-w", dist)
+    must_run([*wheel, job.build_dir], env, "building the wheel")
+    return one_wheel(dist, "pip wheel")
+
+
+def check_torch_pin(job: Job, wheel: Path, torch_version: str, env: Mapping[str, str]) -> str:
+    """The wheel must require exactly the torch release it was built against."""
+    answer = check_in_env(job, env, "wheel", str(wheel), torch_version)
+    if not answer["matches"]:
+        raise StepFailed(
+            f"{wheel.name} declares {answer['pins'] or 'no torch requirement'}, but it was built "
+            f"against torch {torch_version} and only loads under that release: its metadata "
+            f"must say Requires-Dist: {answer['wanted']} (setup.py, distribution_metadata)"
+        )
+    return str(answer["wanted"])
+
+
+def repair_wheel(
+    job: Job, wheel: Path, torch_libraries: Sequence[str], env: Mapping[str, str]
+) -> tuple[Path, str]:
+    """auditwheel repair to a manylinux tag, torch's own libraries excluded (the torch wheel
+    provides them: bundled copies would load a second libtorch); and auditwheel show."""
+    out = Path(job.work) / "repaired"
+    shutil.rmtree(out, ignore_errors=True)
+    excludes = sorted({*TORCH_LIBRARY_PATTERNS, *torch_libraries})
+    auditwheel: list[str | Path] = [job.run_venv / "bin" / "python", "-m", "auditwheel"]
+    options = [f"--exclude={name}" for name in excludes]
+    must_run([*auditwheel, "repair", *options, "--wheel-dir", out, wheel], env, "auditwheel repair")
+    repaired = one_wheel(out, "auditwheel repair")
+    show = capture([*auditwheel, "show", repaired], env)
+    shown = (
+        f"auditwheel repair, excluding {', '.join(excludes)}: {repaired.name}\n"
+        "(auditwheel show cannot see those exclusions: it calls the unbundled torch "
+        "libraries unresolved, hence linux_x86_64; the symbol versions below set the tag)\n"
+        + (show.stdout + show.stderr).strip()
+    )
+    print(shown, flush=True)
+    if show.returncode != 0 or "manylinux" not in repaired.name:
+        raise StepFailed(f"auditwheel show failed on {repaired.name}; see above")
+    return repaired, shown
+
+
+def platform_tag(wheel: Path) -> str:
+    """torch_fallback-0.1.0-cp311-cp311-manylinux_2_35_x86_64.whl -> manylinux_2_35_x86_64."""
+    return wheel.name.removesuffix(".whl").split("-")[-1]
+
+
+def install_wheel(job: Job, wheel: Path | None, env: Mapping[str, str], report: Reporter) -> None:
+    """Install ``wheel``, or (wheel None) the job's requirement from its package index."""
+    if wheel is not None:
+        source: list[str | Path] = ["--no-index", "--no-deps", "--force-reinstall", wheel]
+        what = f"installing {wheel.name}"
+    else:
+        source = ["--index-url", str(job.index_url), "--find-links", job.wheelhouse]
+        source += ["--no-cache-dir", str(job.requirement)]
+        what = f"installing {job.requirement} from {job.index_url}"
+        report.say(f"{what}; its dependencies from the environment and the wheelhouse")
+    must_run(job.pip("install", *source), env, what)
+    job.test_cwd.mkdir(parents=True, exist_ok=True)
+    probe = "import importlib.util; print(importlib.util.find_spec('torch_fallback').origin)"
+    result = capture([job.run_venv / "bin" / "python", "-c", probe], env, cwd=job.test_cwd)
+    origin = result.stdout.strip()
+    if result.returncode != 0 or not origin.startswith(str(job.run_venv)):
+        raise StepFailed(
+            f"torch_fallback resolves to {origin or result.stderr.strip()!r}, not to the wheel "
+            f"installed in {job.run_venv}"
+        )
+    report.say(f"tests will import torch_fallback from {origin}")
+
+
+def pytest_command(
+    job: Job, paths: Sequence[Path], root: Path, junit: Path, name: str
+) -> list[str | Path]:
+    """pytest on ``paths`` without a cache in the (read-only) repository, with a JUnit report."""
+    junit.parent.mkdir(parents=True, exist_ok=True)
+    command: list[str | Path] = [job.run_venv / "bin" / "python", "-m", "pytest", *paths]
+    command += ["--rootdir", root, "-p", "no:cacheprovider", "--junitxml", junit]
+    return [*command, "-o", f"junit_suite_name={name}"]
+
+
+def run_tests(job: Job, env: Mapping[str, str], report: Reporter) -> None:
+    paths = [Path(job.repo) / path for path in job.test_paths]
+    missing = [str(path) for path in paths if not path.exists()]
+    if missing:
+        raise StepFailed(f"test paths missing: {', '.join(missing)} (matrix.yaml tests.paths)")
+    junit = Path(job.artifacts) / "junit.xml"
+    command = pytest_command(job, paths, Path(job.repo), junit, job.cell)
+    test_env = dict(env, TORCH_FALLBACK_REQUIRE_GPU="1") if job.gpu else dict(env)
+    status = run([*command, "-m", job.test_markers], test_env, cwd=job.test_cwd)
+    if status == PYTEST_NO_TESTS and job.allow_empty:
+        report.say(f"no test selected by -m {job.test_markers!r}: allowed (tests.allow_empty)")
+    elif status == PYTEST_NO_TESTS:
+        raise StepFailed(
+            f"no test selected by -m {job.test_markers!r} in {', '.join(job.test_paths)}; if that "
+            "is intended, set tests.allow_empty: true for this cell in matrix.yaml"
+        )
+    elif status != 0:
+        raise StepFailed(f"pytest failed (exit status {status}); see the failures above, junit.xml")
+
+
+def run_example(job: Job, env: Mapping[str, str], report: Reporter) -> None:
+    """Build the third-party example backend against the installed wheel; run its tests."""
+    source = Path(job.repo) / job.example
+    if not (source / "pyproject.toml").is_file() and not (source / "setup.py").is_file():
+        raise StepFailed(
+            f"{job.example} is missing from this checkout (no pyproject.toml or setup.py in "
+            f"{source}): every cell builds that example backend against the installed "
+            "torch-fallback wheel and runs its tests. Restore the directory from the "
+            "repository; a cell never skips it"
+        )
+    build = Path(job.work) / "example"  # a copy: the repository is read-only in a container
+    shutil.rmtree(build, ignore_errors=True)
+    shutil.copytree(source, build, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    offline: list[str | Path] = [
+        "--no-build-isolation",
+        "--no-index",
+        "--find-links",
+        job.wheelhouse,
+        build,
+    ]
+    must_run(job.pip("install", *offline), env, f"pip install --no-build-isolation {job.example}")
+    if not (build / "tests").is_dir():
+        raise StepFailed(f"{job.example} has no tests/ directory; the cell runs its tests")
+    junit = Path(job.artifacts) / "example" / "junit.xml"
+    command = pytest_command(job, [build / "tests"], build, junit, f"{job.cell}/example")
+    status = run(command, env, cwd=job.test_cwd)
+    if status != 0:
+        raise StepFailed(f"the tests of {job.example} failed (pytest exit status {status})")
+    report.say(f"{job.example}: built against the installed wheel, tests passed")
+
+
+def run_steps(job: Job) -> int:
+    """Every step of ``job``; result.json records them. 0 when all passed, else 1."""
+    report = Reporter(cell=job.cell)
+    result: dict[str, Any] = {"cell": job.cell, "result": "failed", "steps": report.steps}
+    env = without_pip_config(os.environ) | {"PIP_NO_INPUT": "1", "PYTHONUNBUFFERED": "1"}
+    env |= {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    env["PIP_CACHE_DIR"] = f"{job.cache}/pip"
+    build, artifacts, wheel = env, Path(job.artifacts), None
+    Path(job.work).mkdir(parents=True, exist_ok=True)
+    artifacts.mkdir(parents=True, exist_ok=True)
+    os.chdir(job.work)  # started from the (read-only) package source; work elsewhere
+    try:
+        with report.step("environment", STEPS):
+            base = ensure_base_env(job, env, report)
+            create_run_venv(job, base, env, report)
+        with report.step("verify torch", STEPS):
+            torch = verify_torch(job, env, report)
+            libraries = torch.pop("libraries")
+            result["torch"] = torch
+        build = build_env(job, base, env, report)
+        if job.prebuilt_wheel:
+            wheel = Path(job.prebuilt_wheel)
+            report.say(f"testing the prebuilt wheel {wheel}: steps sources to repair skipped")
+        elif job.index_url:
+            report.say(f"installing {job.requirement} from {job.index_url}: no build")
+        else:
+            build |= {PLAIN_VERSION_ENV: "1"} if job.plain_version else {}
+            with locked(job.build_dir.with_suffix(".lock"), "the build dir", report):
+                with report.step("sources", STEPS):
+                    sync_sources(job, report)
+                with report.step("build", STEPS):
+                    built = build_wheel(job, build)
+                    result["requires"] = check_torch_pin(job, built, torch["version"], build)
+                    report.say(f"{built.name}: Requires-Dist: {result['requires']}")
+            with report.step("repair", STEPS):
+                wheel, shown = repair_wheel(job, built, libraries, build)
+                (artifacts / "auditwheel.txt").write_text(shown + "\n", encoding="utf-8")
+                result["platform"] = platform_tag(wheel)
+        with report.step("install", STEPS):
+            install_wheel(job, wheel, env, report)
+        with report.step("tests", STEPS):
+            run_tests(job, env, report)
+        with report.step("example", STEPS):
+            run_example(job, build, report)
+        with report.step("artifacts", STEPS):
+            if wheel is not None:
+                shutil.copy2(wheel, artifacts / wheel.name)
+                result["wheel"] = wheel.name
+                report.say(f"{wheel.name} -> {artifacts}")
+        result["result"] = "passed"
+    except StepFailed as error:
+        result["failed_step"] = next(s["name"] for s in report.steps if s["status"] == "failed")
+        result["error"] = str(error)
+        print(f"\n!!! [{job.cell}] FAILED at step {result['failed_step']}: {error}", flush=True)
+    finally:
+        if "CCACHE_DIR" in build:
+            run(["ccache", "-s"], build)
+        result["seconds"] = round(time.monotonic() - report.started, 1)
+        (artifacts / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    if result["result"] == "passed":
+        print(f"\n=== [{job.cell}] all steps passed in {report.elapsed()}", flush=True)
+    return 0 if result["result"] == "passed" else 1
+
+
+# --- checks run in the cell's environment (torch and packaging there) ---------------------------
+
+
+def torch_matches(pin: str, version: str) -> bool:
+    """Whether torch ``version`` is the pin: exactly when the pin has a label, else its release."""
+    from packaging.version import Version
+
+    wanted, got = Version(pin), Version(version)
+    return got == wanted if wanted.local is not None else got.public == wanted.public
+
+
+def cuda_matches(expected: str | None, cuda: str | None) -> bool:
+    """torch.version.cuda against a cell's CUDA major (None: a CPU-only build)."""
+    from packaging.version import Version
+
+    if expected is None or cuda is None:
+        return expected is None and cuda is None
+    return Version(cuda).major == int(expected)
+
+
+def torch_pins(wheel: Path) -> list[str]:
+    """The specifiers of the ``torch`` requirements in a wheel's METADATA."""
+    from packaging.metadata import Metadata
+
+    with zipfile.ZipFile(wheel) as archive:
+        name = next((n for n in archive.namelist() if n.endswith(".dist-info/METADATA")), "")
+        metadata = Metadata.from_email(archive.read(name) if name else b"", validate=False)
+    return [str(r.specifier) for r in metadata.requires_dist or [] if r.name == "torch"]
+
+
+def check(what: str, first: str, second: str) -> dict[str, Any]:
+    """``torch PIN CUDA|-``: the installed torch; ``wheel WHEEL TORCH``: the wheel's torch pin."""
+    if what == "wheel":
+        from packaging.version import Version
+
+        pins, wanted = torch_pins(Path(first)), f"=={Version(second).public}"
+        return {"pins": pins, "wanted": f"torch{wanted}", "matches": pins == [wanted]}
+    import torch
+
+    cuda, expected = torch.version.cuda, None if second == "-" else second
+    return {
+        "version": torch.__version__,
+        "cuda": cuda,
+        "file": torch.__file__,
+        "libraries": sorted(
+            n for n in os.listdir(Path(torch.__file__).parent / "lib") if ".so" in n
+        ),
+        "matches": torch_matches(first, torch.__version__) and cuda_matches(expected, cuda),
+    }
+
+
+def main(argv: Sequence[str]) -> int:
+    if len(argv) == 3 and argv[0] in ("torch", "wheel"):
+        print(json.dumps(check(*argv)))
+        return 0
+    if len(argv) != 1:
+        print("usage: python -m fallback_matrix.job JOB.json | torch PIN CUDA | wheel WHEEL TORCH")
+        return 2
+    try:
+        job = Job.from_json(Path(argv[0]).read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError) as error:
+        print(f"cannot read the job file {argv[0]}: {error}", file=sys.stderr)
+        return 2
+    print(f"cell {job.cell}: python {sys.version.split()[0]} at {sys.executable}", flush=True)
+    return run_steps(job)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

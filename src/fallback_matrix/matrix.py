@@ -1,0 +1,418 @@
+"""matrix.yaml: its schema, loading with located errors, and its expansion into cells.
+
+Loading reads the YAML strictly (a repeated key is an error), remembers the
+line of every key, validates with pydantic and checks the cross-references the
+schema cannot express. Every problem names the file, the line, the key path in
+the ``cells[1].torch`` style and what was expected; all of them end up in one
+`MatrixFileError`. `expand_cells` is then a pure function from the validated
+file (and the environment and overrides passed in) to cells, as in
+pytorch/test-infra's generate_binary_build_matrix.py.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, NamedTuple, cast
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+MATRIX_FILE_NAME = "matrix.yaml"
+VariantName = Literal["cpu", "cuda"]
+SelectionName = Literal["pr", "main"]
+KeyPath = tuple[str | int, ...]
+
+
+# --- errors --------------------------------------------------------------------------------------
+
+
+class MatrixError(Exception):
+    """An error whose message is meant for the user as-is; the CLI exits with ``exit_code``."""
+
+    exit_code = 2
+
+
+class RunnerUnavailableError(MatrixError):
+    """The requested runner cannot run on this machine."""
+
+
+class CellError(MatrixError):
+    """Preparing a cell failed (its wheelhouse, its image): the cell fails, others go on."""
+
+    exit_code = 1
+
+
+class Problem(NamedTuple):
+    """One thing wrong in the matrix file, located by key path (and line, when known)."""
+
+    key_path: str
+    message: str
+    line: int | None = None
+
+
+class MatrixFileError(MatrixError):
+    """The matrix file cannot be read or does not describe a valid matrix."""
+
+    def __init__(self, file: Path, problems: Iterable[Problem]) -> None:
+        self.file, self.problems = file, tuple(problems)
+        lines = [f"{file} is not a valid matrix ({len(self.problems)} problem(s)):"]
+        for key, message, line in self.problems:
+            lines.append(
+                f"  {file}{f':{line}' if line else ''}:{f' {key}:' if key else ''} {message}"
+            )
+        lines.append("Fix the file and run again; the comments at its top describe every key.")
+        super().__init__("\n".join(lines))
+
+
+# --- schema: every field's description is quoted when it is missing or wrong ----------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+CellName = Annotated[
+    str,
+    Field(
+        pattern=r"^[a-z0-9]+(-[a-z0-9]+)*$",
+        description='a cell name: lowercase letters, digits and single dashes, e.g. "cuda-gpu"',
+    ),
+]
+PythonVersion = Annotated[
+    str, Field(pattern=r"^3\.[0-9]{1,2}$", description='a Python version "3.X" as a quoted string')
+]
+TORCH_PATTERN = r"^[0-9]+\.[0-9]+(\.[0-9]+)?((a|b|rc|\.dev|\.post)[0-9]+)*(\+[a-z0-9.]+)?$"
+
+
+class ImageSpec(_Strict):
+    """How a cell's build image is made: a Dockerfile and its base image (a build arg)."""
+
+    dockerfile: str = Field(description="the Dockerfile's path from the repository root")
+    base: str = Field(description="the base image, e.g. python:3.11-slim-bookworm")
+
+
+class ImageOverride(_Strict):
+    dockerfile: str | None = Field(default=None, description="a Dockerfile path for this cell")
+    base: str | None = Field(default=None, description="a base image for this cell")
+
+
+class TestSelection(_Strict):
+    """Which tests a cell runs against its wheel."""
+
+    paths: list[str] = Field(min_length=1, description="test paths, e.g. [tests/extension]")
+    markers: str = Field(min_length=1, description='a pytest -m expression, e.g. "not slow"')
+    allow_empty: bool = Field(default=False, description="true when no test may be selected")
+
+
+class TestOverride(_Strict):
+    paths: list[str] | None = Field(default=None, min_length=1, description="test paths")
+    markers: str | None = Field(default=None, min_length=1, description="a pytest -m expression")
+    allow_empty: bool | None = Field(default=None, description="true or false")
+
+
+class Defaults(_Strict):
+    """Values every cell gets unless it sets its own."""
+
+    python: PythonVersion
+    image: ImageSpec
+    tests: TestSelection
+    runner: str = Field(description="a key of `runners`: where cells run on GitHub")
+    selections: list[SelectionName] = Field(min_length=1, description="pr, main or both")
+
+
+class VariantSpec(_Strict):
+    """Where one torch variant is downloaded from."""
+
+    index_url: str = Field(pattern=r"^(https?|file)://", description="an http(s) index URL")
+    index_url_env: str = Field(pattern=r"^[A-Z][A-Z0-9_]*$", description="a variable name")
+
+
+class CellSpec(_Strict):
+    """One cell as written in the file."""
+
+    name: CellName
+    variant: VariantName = Field(description="the torch variant: cpu or cuda")
+    torch: str = Field(pattern=TORCH_PATTERN, description='the torch version to pin, "2.13.0"')
+    cuda: str | None = Field(default=None, pattern=r"^[0-9]+$", description='a CUDA major, "13"')
+    python: PythonVersion | None = None
+    gpu: bool = Field(default=False, description="true when the tests need a visible GPU")
+    pypi: bool = Field(default=False, description="true for the cell whose wheel PyPI gets")
+    runner: str | None = Field(default=None, description="a key of `runners`")
+    selections: list[SelectionName] | None = Field(default=None, min_length=1)
+    image: ImageOverride | None = None
+    tests: TestOverride | None = None
+
+
+class ProjectTests(_Strict):
+    """What `nox -s tests` runs: one cell with the local runner, plus the tooling's own tests."""
+
+    cell: CellName
+    tooling_paths: list[str] = Field(min_length=1, description="test paths, e.g. [tests/matrix]")
+
+
+class MatrixFile(_Strict):
+    """The whole of matrix.yaml."""
+
+    version: Literal[1] = Field(description="the schema version of this file: 1")
+    defaults: Defaults
+    runners: dict[str, list[str]] = Field(min_length=1, description="named runner label sets")
+    variants: dict[VariantName, VariantSpec] = Field(min_length=1, description="cpu and cuda")
+    project_tests: ProjectTests
+    cells: list[CellSpec] = Field(min_length=1, description="the list of cells")
+
+
+# --- loading -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoadedMatrix:
+    """A validated matrix and the file it came from (its directory is the repository root)."""
+
+    file: Path
+    spec: MatrixFile
+
+    @property
+    def root(self) -> Path:
+        return self.file.parent
+
+
+def _index_lines(node: yaml.Node, path: KeyPath, lines: dict[KeyPath, int]) -> None:
+    """The line of every key path; a key repeated in one mapping is an error."""
+    lines[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            key, line = str(key_node.value), key_node.start_mark.line + 1
+            if key in seen:
+                message = f"key {key!r} appears twice (lines {seen[key]} and {line}); keep one"
+                raise yaml.MarkedYAMLError(problem=message, problem_mark=key_node.start_mark)
+            _index_lines(value_node, (*path, key), lines)
+            lines[(*path, key)] = seen[key] = line
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _index_lines(item, (*path, index), lines)
+
+
+def format_key_path(path: Iterable[str | int]) -> str:
+    """("cells", 1, "torch") -> "cells[1].torch"."""
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
+    return text
+
+
+def find_matrix_file(start: Path) -> Path:
+    """The matrix.yaml in ``start`` or its nearest ancestor."""
+    for directory in (start.resolve(), *start.resolve().parents):
+        if (directory / MATRIX_FILE_NAME).is_file():
+            return directory / MATRIX_FILE_NAME
+    message = f"no {MATRIX_FILE_NAME} here or above; run from the repository or pass --matrix PATH"
+    raise MatrixFileError(start / MATRIX_FILE_NAME, [Problem("", message)])
+
+
+def load_matrix(file: Path) -> LoadedMatrix:
+    """Read and validate a matrix file; raise MatrixFileError listing every problem."""
+    file = file.resolve()
+    if not file.is_file():
+        raise MatrixFileError(file, [Problem("", "file not found; pass --matrix PATH")])
+    lines: dict[KeyPath, int] = {}
+    try:
+        loader = yaml.SafeLoader(file.read_text(encoding="utf-8"))
+        node = loader.get_single_node()
+        if node is not None:
+            _index_lines(node, (), lines)
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        line = mark.line + 1 if mark is not None else None
+        column = f", column {mark.column + 1}" if mark is not None else ""
+        message = f"invalid YAML{column}: {error.problem or error.context or 'invalid YAML'}"
+        raise MatrixFileError(file, [Problem("", message, line)]) from None
+    except (yaml.YAMLError, OSError, UnicodeDecodeError) as error:
+        raise MatrixFileError(file, [Problem("", f"cannot be read: {error}")]) from None
+
+    def problem(loc: KeyPath, message: str) -> Problem:
+        line = next(
+            (lines[loc[:end]] for end in range(len(loc), -1, -1) if loc[:end] in lines), None
+        )
+        return Problem(format_key_path(loc), message, line)
+
+    if not isinstance(data, dict):
+        kind = "empty" if data is None else f"a {type(data).__name__}"
+        raise MatrixFileError(file, [problem((), f"expected a mapping at the top, got {kind}")])
+    try:
+        spec = MatrixFile.model_validate(data)
+    except ValidationError as error:
+        located = [(tuple(p for p in e["loc"] if p != "[key]"), e) for e in error.errors()]
+        raise MatrixFileError(
+            file, [problem(loc, _describe(e, loc)) for loc, e in located]
+        ) from None
+    problems = [problem(loc, message) for loc, message in _reference_problems(spec)]
+    if problems:
+        raise MatrixFileError(file, problems)
+    return LoadedMatrix(file=file, spec=spec)
+
+
+def _describe(item: Any, loc: KeyPath) -> str:
+    """A pydantic error in words, with the description of the field when the schema has one."""
+    models = (MatrixFile, Defaults, ImageSpec, TestSelection, VariantSpec, CellSpec, ProjectTests)
+    fields = {name: field for model in models for name, field in model.model_fields.items()}
+    kind, value, key = item["type"], item.get("input"), str(loc[-1]) if loc else ""
+    expected = fields[key].description if key in fields else None
+    if kind == "missing":
+        return f"missing key; expected {expected}" if expected else "missing key"
+    if kind == "extra_forbidden":
+        close = difflib.get_close_matches(key, fields, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f"unknown key {key!r}{hint} (the comments atop matrix.yaml list every key)"
+    got = (
+        "a mapping"
+        if isinstance(value, dict)
+        else (f"a list of {len(value)}" if isinstance(value, list) else f"{value!r}")
+    )
+    if kind == "string_type" and isinstance(value, int | float) and not isinstance(value, bool):
+        return f"expected a string, got the number {value!r}: quote it (YAML reads 3.10 as 3.1)"
+    if kind == "string_pattern_mismatch" and expected:
+        return f"expected {expected}, got {got}"
+    detail = item["msg"].replace("Input should be", "expected")
+    if expected and kind not in ("too_short", "literal_error"):
+        detail += f" ({expected})"
+    return f"{detail}, got {got}"
+
+
+def _reference_problems(spec: MatrixFile) -> Iterator[tuple[KeyPath, str]]:
+    """What the schema cannot say: references between keys, and rules across cells."""
+    runners, first, pypi_cells = sorted(spec.runners), dict[str, int](), dict[str, str]()
+    if spec.defaults.runner not in runners:
+        yield ("defaults", "runner"), f"unknown runner; expected one of {runners}"
+    for index, cell in enumerate(spec.cells):
+        at, python = ("cells", index), cell.python or spec.defaults.python
+        if cell.name in first:
+            used = f"first used by cells[{first[cell.name]}]"
+            yield (*at, "name"), f"duplicate cell name {cell.name!r} ({used}); make it unique"
+        first.setdefault(cell.name, index)
+        if cell.variant not in spec.variants:
+            known = f"{sorted(spec.variants)} (keys of `variants`)"
+            yield (*at, "variant"), f"unknown variant {cell.variant!r}; expected one of {known}"
+        if cell.variant == "cuda" and cell.cuda is None:
+            yield (*at, "cuda"), 'missing key; a cuda cell must say its CUDA major, e.g. "13"'
+        if cell.variant == "cpu" and cell.cuda is not None:
+            yield (*at, "cuda"), "a cpu cell expects torch.version.cuda to be None; remove this key"
+        if cell.gpu and cell.variant != "cuda":
+            yield (*at, "gpu"), "gpu: true needs variant cuda; a CPU-only torch cannot use a GPU"
+        if cell.pypi and cell.gpu:
+            yield (
+                (*at, "pypi"),
+                "pypi: true marks a cell that builds the wheel PyPI gets; set it on the build cell",
+            )
+        elif cell.pypi and python in pypi_cells:
+            first_pypi = f"first: {pypi_cells[python]}; PyPI takes one wheel per Python"
+            yield (*at, "pypi"), f"a second pypi: true cell for Python {python} ({first_pypi})"
+        elif cell.pypi:
+            pypi_cells[python] = cell.name
+        if cell.runner is not None and cell.runner not in runners:
+            yield (*at, "runner"), f"unknown runner {cell.runner!r}; expected one of {runners}"
+    if spec.project_tests.cell not in first:
+        yield ("project_tests", "cell"), f"unknown cell; expected one of {sorted(first)}"
+
+
+# --- cells ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IndexUrl:
+    """The index a cell's torch comes from, and which setting chose it."""
+
+    url: str
+    source: str
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell with the defaults applied: everything needed to build and test it."""
+
+    name: str
+    variant: VariantName
+    python: str
+    torch: str
+    cuda: str | None
+    gpu: bool
+    pypi: bool
+    index: IndexUrl
+    image: ImageSpec
+    tests: TestSelection
+    runner_labels: tuple[str, ...]  # the labels of its runner (matrix.yaml `runners`)
+    selections: tuple[SelectionName, ...]
+
+    @property
+    def torch_requirement(self) -> str:
+        return f"torch=={self.torch}"
+
+
+def parse_index_override(text: str) -> tuple[VariantName, str]:
+    """'cpu=https://...' -> ("cpu", "https://..."), as given to --index-url."""
+    variant, _, url = text.partition("=")
+    if variant in ("cpu", "cuda") and url:
+        return cast(VariantName, variant), url
+    raise MatrixError(
+        f"--index-url {text!r}: expected VARIANT=URL with VARIANT cpu or cuda, "
+        "e.g. --index-url cpu=https://download.pytorch.org/whl/cpu"
+    )
+
+
+def _index(
+    spec: MatrixFile,
+    variant: VariantName,
+    environ: Mapping[str, str],
+    overrides: Mapping[VariantName, str],
+) -> IndexUrl:
+    settings = spec.variants[variant]
+    if variant in overrides:
+        return IndexUrl(overrides[variant], f"--index-url {variant}=...")
+    if environ.get(settings.index_url_env, "").strip():
+        return IndexUrl(environ[settings.index_url_env].strip(), f"${settings.index_url_env}")
+    return IndexUrl(settings.index_url, f"matrix.yaml variants.{variant}.index_url")
+
+
+def expand_cells(
+    spec: MatrixFile,
+    *,
+    environ: Mapping[str, str] | None = None,
+    index_overrides: Mapping[VariantName, str] | None = None,
+    selection: SelectionName | None = None,
+) -> tuple[Cell, ...]:
+    """All cells of ``spec`` (or those in ``selection``: "pr" or "main"), defaults applied."""
+    defaults, cells = spec.defaults, []
+    for cell in spec.cells:
+        selections = tuple(cell.selections or defaults.selections)
+        if selection is not None and selection not in selections:
+            continue
+        image, tests = (cell.image or ImageOverride(), cell.tests or TestOverride())
+        cells.append(
+            Cell(
+                **cell.model_dump(include={"name", "variant", "torch", "cuda", "gpu", "pypi"}),
+                python=cell.python or defaults.python,
+                index=_index(spec, cell.variant, environ or {}, index_overrides or {}),
+                image=defaults.image.model_copy(update=image.model_dump(exclude_none=True)),
+                tests=defaults.tests.model_copy(update=tests.model_dump(exclude_none=True)),
+                runner_labels=tuple(spec.runners[cell.runner or defaults.runner]),
+                selections=selections,
+            )
+        )
+    return tuple(cells)
+
+
+def pick_cells(cells: Iterable[Cell], names: Iterable[str]) -> tuple[Cell, ...]:
+    """The cells called ``names``, in the order asked; a MatrixError names any unknown one."""
+    by_name = {cell.name: cell for cell in cells}
+    wanted = list(dict.fromkeys(names))
+    unknown = [name for name in wanted if name not in by_name]
+    if unknown:
+        raise MatrixError(
+            f"unknown cell(s): {', '.join(unknown)}. Cells in matrix.yaml: {', '.join(by_name)} "
+            "(python -m fallback_matrix list shows them)."
+        )
+    return tuple(by_name[name] for name in wanted)

@@ -1,0 +1,351 @@
+"""Runners run a cell's job: ``docker`` in the cell's build image, ``local`` with a host Python.
+
+Docker: the repository and the wheelhouse are mounted read-only; a named volume
+(or a host directory, $FALLBACK_MATRIX_DOCKER_CACHE) keeps the caches (venvs, build
+dirs, ccache) across containers; the artifacts are copied out when the container
+ends. With a host directory the job runs as that directory's owner, so it can
+write there whoever created it (a hosted runner's user is uid 1001, the image's
+1000). Containers carry a label, so leftovers can be found (``python -m
+fallback_matrix clean``), and are removed whatever happens: success, failure, Ctrl-C.
+The image's tag hashes its build context and build args: an unchanged image is
+found by tag and never rebuilt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
+
+from .job import Job
+from .matrix import CellError, RunnerUnavailableError
+from .report import Reporter, run_process
+
+if TYPE_CHECKING:
+    from docker import DockerClient
+
+RunnerChoice = Literal["docker", "local", "auto"]
+LABEL = "org.torch-fallback.matrix"
+CELL_LABEL = "org.torch-fallback.matrix.cell"
+CACHE_VOLUME = "torch-fallback-matrix-cache"
+DOCKER_CACHE_ENV = "FALLBACK_MATRIX_DOCKER_CACHE"  # a host directory instead of the volume
+IMAGE_UID = 1000  # the image's user (docker/Dockerfile)
+# Where the job sees things in the container; the job file goes to /tmp before it starts.
+REPO, WHEELHOUSE, CACHE, WORK, ARTIFACTS = "/src", "/wheelhouse", "/cache", "/tmp/cell-work", "/out"
+JOB_FILE = "/tmp/fallback-matrix-job.json"
+
+# nox logs at debug level; the SDK's HTTP chatter would drown the cell's own log.
+for _chatty in ("urllib3", "docker"):
+    logging.getLogger(_chatty).setLevel(logging.WARNING)
+
+
+class Runner(Protocol):
+    name: str
+
+    def run(self, job: Job, log: Reporter) -> tuple[int, str]:
+        """Run ``job`` (host paths) to its end: its exit status, and where it ran."""
+        ...
+
+
+class EngineStatus(NamedTuple):
+    available: bool
+    detail: str
+
+
+# --- choosing -----------------------------------------------------------------------------------
+
+
+def connect_docker(timeout: int = 900) -> DockerClient:
+    """A client of a daemon that answers (image builds can be silent for minutes)."""
+    import docker
+
+    try:
+        client = docker.from_env(timeout=timeout)
+        client.ping()
+    except docker.errors.DockerException as error:
+        raise RunnerUnavailableError(
+            f"no Docker daemon answers ({str(error).splitlines()[0][:300]}). Start the Docker "
+            "daemon (sudo systemctl start docker, or sudo dockerd), or use --runner local."
+        ) from None
+    return client
+
+
+def engine_status() -> EngineStatus:
+    """Whether a daemon answers, without raising."""
+    try:
+        client = connect_docker(timeout=5)
+    except RunnerUnavailableError as error:
+        return EngineStatus(False, str(error))
+    version = client.version().get("Version")
+    client.close()
+    return EngineStatus(True, f"Docker engine {version} answers")
+
+
+def choose_runner(
+    choice: RunnerChoice, status: Callable[[], EngineStatus] = engine_status
+) -> tuple[Runner, str]:
+    """The runner ``choice`` means here, and why; "docker" raises when no daemon answers."""
+    if choice == "local":
+        return LocalRunner(), "asked for --runner local"
+    if choice == "docker":
+        return DockerRunner(connect_docker()), "asked for --runner docker"
+    engine = status()
+    if engine.available:
+        return DockerRunner(), f"auto: {engine.detail}"
+    return LocalRunner(), "auto: no Docker daemon answers"
+
+
+# --- local ---------------------------------------------------------------------------------------
+
+
+def find_python(
+    version: str,
+    which: Callable[[str], str | None] = shutil.which,
+    purpose: str = "the local runner needs it for this cell; or use --runner docker",
+) -> str:
+    """An interpreter of ``version`` ("3.11"): this one, pythonX.Y on PATH, or pyenv's."""
+    running = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if running == version:
+        return sys.executable
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    installed = sorted(pyenv.glob(f"{version}.*/bin/python{version}"), reverse=True)
+    probe = "import sys; print('%d.%d' % sys.version_info[:2])"
+    for candidate in filter(None, [which(f"python{version}"), *map(str, installed)]):
+        result = subprocess.run([candidate, "-c", probe], capture_output=True, text=True)
+        if result.stdout.strip() == version:
+            return candidate
+    raise RunnerUnavailableError(
+        f"no Python {version} here (this is Python {running}; none on PATH as python{version} "
+        f"or under {pyenv}): install Python {version} ({purpose})"
+    )
+
+
+class LocalRunner:
+    """The job with a host Python; its venvs, build dir and ccache in the job's cache."""
+
+    name = "local"
+
+    def run(self, job: Job, log: Reporter) -> tuple[int, str]:
+        python = find_python(job.python)
+        shutil.rmtree(job.work, ignore_errors=True)
+        Path(job.work).mkdir(parents=True)
+        job_file = Path(job.work) / "job.json"
+        job_file.write_text(job.to_json(), encoding="utf-8")
+        if job.gpus:
+            log.say("warning: --gpus has no effect with the local runner: the job sees the GPUs")
+        source = Path(job.repo) / "src"  # where `python -m` finds fallback_matrix.job
+        log.say(f"runner local: {python} -m fallback_matrix.job in {source} (cache {job.cache})")
+        status = run_process([python, "-m", "fallback_matrix.job", job_file], log.line, cwd=source)
+        return status, f"local Python {python}"
+
+
+# --- docker --------------------------------------------------------------------------------------
+
+
+class ImagePlan(NamedTuple):
+    context: Path
+    dockerfile: str
+    build_args: Mapping[str, str]
+    tag: str
+
+
+def plan_image(repo: Path, job: Job) -> ImagePlan:
+    """The image a cell runs in: the Dockerfile's directory is the build context."""
+    dockerfile = repo / job.dockerfile
+    if not dockerfile.is_file():
+        raise CellError(f"cell {job.cell}: Dockerfile {dockerfile} not found (matrix.yaml image)")
+    context, build_args = dockerfile.parent, {"BASE_IMAGE": job.base_image}
+    digest = hashlib.sha256()
+    for path in sorted(p for p in context.rglob("*") if p.is_file()):
+        digest.update(path.relative_to(context).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    digest.update(json.dumps(build_args, sort_keys=True).encode())
+    return ImagePlan(
+        context, dockerfile.name, build_args, f"torch-fallback-build:{digest.hexdigest()[:12]}"
+    )
+
+
+def ensure_image(client: DockerClient, plan: ImagePlan, log: Reporter) -> str:
+    """The image's tag, built now only when no image has this tag yet."""
+    import docker
+
+    try:
+        client.images.get(plan.tag)
+        log.say(f"image {plan.tag}: reusing it (Dockerfile and build args unchanged)")
+        return plan.tag
+    except docker.errors.ImageNotFound:
+        pass
+    log.say(f"image {plan.tag}: building {plan.context / plan.dockerfile} with {plan.build_args}")
+    failed = f"cell {log.cell}: building image {plan.tag} failed"
+    try:
+        for chunk in client.api.build(
+            path=str(plan.context),
+            dockerfile=plan.dockerfile,
+            tag=plan.tag,
+            buildargs=dict(plan.build_args),
+            labels={LABEL: "image"},
+            rm=True,
+            forcerm=True,
+            decode=True,
+        ):
+            for line in str(chunk.get("stream", "")).splitlines():
+                log.line(line)
+            if "error" in chunk:
+                raise CellError(f"{failed}: {str(chunk['error']).strip()}; log: {log.path}")
+    except docker.errors.APIError as error:
+        raise CellError(f"{failed}: {error}; log: {log.path}") from None
+    log.say(f"image {plan.tag}: built")
+    return plan.tag
+
+
+def cache_user(cache: str, stat: Callable[[str], os.stat_result] = os.stat) -> str | None:
+    """The uid:gid to run as for ``cache``: the owner's when it is a host directory.
+
+    A named volume (no leading /) takes the image user's ownership; so does a host
+    directory owned by root, which ``DockerRunner`` hands to that user instead.
+    """
+    if cache[:1] != "/" or (info := stat(cache)).st_uid == 0:
+        return None
+    return f"{info.st_uid}:{info.st_gid}"
+
+
+def plan_container(
+    job: Job,
+    image: str,
+    *,
+    volume: str = CACHE_VOLUME,
+    environ: Mapping[str, str] | None = None,
+    suffix: str | None = None,
+    user: str | None = None,
+) -> tuple[Job, dict[str, Any]]:
+    """The job as the container sees it, and the arguments of ``containers.create``."""
+    from docker.types import DeviceRequest, Mount
+
+    wheel = job.prebuilt_wheel  # a wheel staged under the repository
+    if wheel:
+        wheel = f"{REPO}/{Path(wheel).relative_to(job.repo).as_posix()}"
+    inside = dataclasses.replace(
+        job, repo=REPO, wheelhouse=WHEELHOUSE, cache=CACHE, work=WORK, artifacts=ARTIFACTS
+    )
+    inside = dataclasses.replace(inside, prebuilt_wheel=wheel)
+    environment = {"PYTHONUNBUFFERED": "1", "HOME": "/tmp"}  # a uid without a passwd entry
+    if environ and environ.get("CI"):
+        environment["CI"] = environ["CI"]
+    gpus = [DeviceRequest(count=-1, capabilities=[["gpu"]])] if job.gpus or job.gpu else None
+    return inside, {
+        "image": image,
+        "command": ["python3", "-m", "fallback_matrix.job", JOB_FILE],
+        "name": f"fallback-matrix-{job.cell}-{suffix or uuid.uuid4().hex[:8]}",
+        "labels": {LABEL: "1", CELL_LABEL: job.cell},
+        "environment": environment,
+        "mounts": [
+            Mount(REPO, job.repo, type="bind", read_only=True),
+            Mount(WHEELHOUSE, job.wheelhouse, type="bind", read_only=True),
+            Mount(CACHE, volume, type="bind" if volume[:1] == "/" else "volume"),
+        ],
+        # offline (the wheelhouse), unless it installs from a package index on this host
+        "network_mode": "host" if job.index_url else "none",
+        "device_requests": gpus,
+        "working_dir": f"{REPO}/src",  # where python -m finds fallback_matrix
+        "user": user or "",
+    }
+
+
+def extract_archive(chunks: Iterable[bytes], destination: Path) -> list[str]:
+    """Unpack a get_archive stream of a directory into ``destination``, dropping its top folder."""
+    extracted = []
+    destination.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(b"".join(chunks)), mode="r") as archive:
+        for member in archive.getmembers():
+            parts = PurePosixPath(member.name).parts[1:]
+            if parts and member.isfile():
+                member.name = str(PurePosixPath(*parts))
+                archive.extract(member, destination, filter="data")
+                extracted.append(member.name)
+    return extracted
+
+
+def lines_of(chunks: Iterable[bytes]) -> Iterator[str]:
+    """Split a stream of byte chunks into text lines."""
+    pending = ""
+    for chunk in chunks:
+        *complete, pending = (pending + chunk.decode("utf-8", errors="replace")).split("\n")
+        yield from complete
+    if pending:
+        yield pending
+
+
+def run_container(
+    client: DockerClient, job: Job, create: Mapping[str, Any], log: Reporter, artifacts: Path
+) -> int:
+    """Run the planned container to its end; always remove it. Returns its exit status."""
+    import docker
+
+    container = client.containers.create(**create)
+    try:
+        log.say(f"container {create['name']} from image {create['image']}")
+        payload, archive = job.to_json().encode(), io.BytesIO()
+        with tarfile.open(fileobj=archive, mode="w") as tar:  # the job file, before it starts
+            info = tarfile.TarInfo(PurePosixPath(JOB_FILE).name)
+            info.size, info.mode = len(payload), 0o644
+            tar.addfile(info, io.BytesIO(payload))
+        container.put_archive(str(PurePosixPath(JOB_FILE).parent), archive.getvalue())
+        try:
+            container.start()
+        except docker.errors.APIError as error:
+            if create["device_requests"] and "gpu" in str(error).lower():
+                raise RunnerUnavailableError(
+                    f"cell {job.cell}: Docker cannot give the container a GPU "
+                    f"({error.explanation}). Install the NVIDIA Container Toolkit on this "
+                    "machine, or run on a GPU runner"
+                ) from None
+            raise
+        for line in lines_of(container.logs(stream=True, follow=True)):
+            log.line(line)
+        status = int(container.wait().get("StatusCode", 1))
+        try:
+            copied = extract_archive(container.get_archive(ARTIFACTS)[0], artifacts)
+            log.say(f"artifacts: {', '.join(sorted(copied)) or 'none'} -> {artifacts}")
+        except docker.errors.NotFound:
+            log.say(f"warning: the container has no {ARTIFACTS}; no artifacts copied")
+        return status
+    finally:
+        try:
+            container.remove(force=True)
+        except docker.errors.DockerException as error:
+            log.say(f"warning: could not remove {create['name']}: {error}; `clean` removes it")
+
+
+class DockerRunner:
+    """The job (python -m fallback_matrix.job) inside the cell's build image."""
+
+    name = "docker"
+
+    def __init__(self, client: DockerClient | None = None, volume: str | None = None) -> None:
+        self._client = client
+        self.volume = volume or os.environ.get(DOCKER_CACHE_ENV) or CACHE_VOLUME
+
+    def run(self, job: Job, log: Reporter) -> tuple[int, str]:
+        client = self._client = self._client or connect_docker()
+        if self.volume[:1] == "/":  # a host directory: one owned by root goes to the image user
+            Path(self.volume).mkdir(parents=True, exist_ok=True)
+            if Path(self.volume).stat().st_uid == 0 and os.geteuid() == 0:
+                os.chown(self.volume, IMAGE_UID, IMAGE_UID)
+        image = ensure_image(client, plan_image(Path(job.repo), job), log)
+        user = cache_user(self.volume)
+        inside, create = plan_container(
+            job, image, volume=self.volume, environ=os.environ, user=user
+        )
+        status = run_container(client, inside, create, log, Path(job.artifacts))
+        return status, f"container {create['name']}, image {image}"

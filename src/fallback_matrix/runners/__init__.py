@@ -1,1 +1,0 @@
-"""Runners execute one cell's job: `local` on the host, `docker` in the cell's image."""
