@@ -220,6 +220,21 @@ def cache_user(cache: str, stat: Callable[[str], os.stat_result] = os.stat) -> s
     return f"{info.st_uid}:{info.st_gid}"
 
 
+def check_checkout_readable(
+    repo: str, user: str | None, stat: Callable[[str], os.stat_result] = os.stat
+) -> None:
+    """The container's user (``user``, else the image's) must be able to read the checkout."""
+    uid = int(user.split(":")[0]) if user else IMAGE_UID
+    info = stat(repo)
+    if uid == info.st_uid or info.st_mode & 0o005 == 0o005:
+        return
+    raise RunnerUnavailableError(
+        f"the checkout {repo} (mode {info.st_mode & 0o777:o}, owner uid {info.st_uid}) cannot "
+        f"be read by the cell's container, which runs as uid {uid}. Make it readable "
+        f"(chmod o+rx {repo}, as git clone leaves a checkout), or use --runner local"
+    )
+
+
 def plan_container(
     job: Job,
     image: str,
@@ -344,6 +359,7 @@ class DockerRunner:
                 os.chown(self.volume, IMAGE_UID, IMAGE_UID)
         image = ensure_image(client, plan_image(Path(job.repo), job), log)
         user = cache_user(self.volume)
+        check_checkout_readable(job.repo, user)
         inside, create = plan_container(
             job, image, volume=self.volume, environ=os.environ, user=user
         )

@@ -28,6 +28,7 @@ from fallback_matrix.runners import (
     LABEL,
     DockerRunner,
     ImagePlan,
+    check_checkout_readable,
     ensure_image,
     extract_archive,
     lines_of,
@@ -237,8 +238,8 @@ def test_extract_archive_drops_the_top_folder(tmp_path: Path) -> None:
 # --- a host directory as the cache: the job runs as its owner -------------------------------------
 
 
-def _stat(uid: int, gid: int) -> Any:
-    return lambda path: os.stat_result((0o40755, 0, 0, 2, uid, gid, 0, 0, 0, 0))
+def _stat(uid: int, gid: int, mode: int = 0o40755) -> Any:
+    return lambda path: os.stat_result((mode, 0, 0, 2, uid, gid, 0, 0, 0, 0))
 
 
 def test_a_host_cache_directory_makes_the_job_run_as_its_owner() -> None:
@@ -262,3 +263,11 @@ def test_the_plan_carries_the_user_and_the_network(work: Job) -> None:
     assert (
         plan_container(from_index, "img:tag")[1]["network_mode"] == "host"
     )  # reaches the local index
+
+
+def test_a_checkout_the_container_user_cannot_read_is_a_clear_error():
+    with pytest.raises(RunnerUnavailableError, match=r"mode 700.*uid 1000.*chmod o\+rx /ci/repo"):
+        check_checkout_readable("/ci/repo", None, stat=_stat(0, 0, mode=0o40700))
+    # Readable by others, or owned by the user the container runs as: fine.
+    check_checkout_readable("/ci/repo", None, stat=_stat(0, 0))
+    check_checkout_readable("/ci/repo", "1001:118", stat=_stat(1001, 118, mode=0o40700))
