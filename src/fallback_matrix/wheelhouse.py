@@ -16,6 +16,7 @@ pyproject.toml are resolved by pip itself (``--group``, pip >= 25.1).
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -31,6 +32,7 @@ from typing import NamedTuple
 from urllib.parse import urlparse
 
 import tomllib
+from packaging.requirements import Requirement
 from packaging.utils import parse_wheel_filename
 
 from .job import GROUPS, PIP_WITH_GROUPS, torch_matches
@@ -133,6 +135,15 @@ def pip_cert(environ: Mapping[str, str]) -> str | None:
     return None
 
 
+def pip_has_groups() -> bool:
+    """Whether this interpreter's pip installs dependency groups (--group)."""
+    try:
+        pip = importlib.metadata.version("pip")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return Requirement(PIP_WITH_GROUPS).specifier.contains(pip)
+
+
 def download_python(version: str, cache_root: Path, log: Reporter) -> str:
     """A Python ``version`` with pip >= 25.1 to run pip download for a cell with.
 
@@ -141,7 +152,7 @@ def download_python(version: str, cache_root: Path, log: Reporter) -> str:
     """
     from .runners import find_python
 
-    if version == f"{sys.version_info.major}.{sys.version_info.minor}":
+    if version == f"{sys.version_info.major}.{sys.version_info.minor}" and pip_has_groups():
         return sys.executable
     venv = cache_root / "pip" / f"py{version}"
     python = venv / "bin" / "python"
