@@ -81,9 +81,8 @@ def side_main(args: argparse.Namespace) -> int:
         torch_fallback.relay.set_home(args.device)
         device, fallback = "relay", torch_fallback
     spec = {"name": args.model, "dtype": args.dtype, "device": device, "config": args.side}
-    args.budget = 0.2
-    _, step = workloads.train_step(spec, args, workloads.make_sync(uses_cuda))
     sync = workloads.make_sync(uses_cuda)
+    _, step = workloads.train_step(spec, args, sync)  # warms up for args.budget seconds
     issue, wall = issue_and_wall_ms(step, sync, args.repeats)
     row = {"side": args.side, "issue_ms": issue, "wall_ms": wall}
     row |= profile(step, sync, uses_cuda, steps=3)
@@ -141,12 +140,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--small", action="store_true", help="small models (for CPU hosts)")
     parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--budget", type=float, default=0.2, help="seconds of warm-up steps")
     parser.add_argument("--json", help="write results here")
     parser.add_argument("--side", choices=("native", "relay"), help=argparse.SUPPRESS)
     args, _ = parser.parse_known_args(argv)
     if args.side:
         return side_main(args)
-    forwarded = [a for a in (argv if argv is not None else sys.argv[1:])]
+    forwarded = list(argv if argv is not None else sys.argv[1:])
     rows = {side: run_side(side, forwarded) for side in ("native", "relay")}
     import torch
 

@@ -44,9 +44,10 @@ def assert_all_close(actual, expected, **tolerance) -> None:
         torch.testing.assert_close(a.cpu(), e.cpu(), **tolerance)
 
 
-def test_foreach_ops_run_whole_one_call_per_list(placement):
-    xs = [torch.randn(3), torch.randn(2, 2), torch.randn(5)]
-    ys = [torch.randn(3), torch.randn(2, 2), torch.randn(5)]
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64])
+def test_foreach_ops_run_whole_one_call_per_list(placement, dtype):
+    xs = [torch.randn(3, dtype=dtype), torch.randn(2, 2, dtype=dtype), torch.randn(5, dtype=dtype)]
+    ys = [torch.randn(3, dtype=dtype), torch.randn(2, 2, dtype=dtype), torch.randn(5, dtype=dtype)]
     rx, ry = relay_copy(xs), relay_copy(ys)
     torch_fallback.reset_metrics()
     summed = torch._foreach_add(rx, ry, alpha=2.0)

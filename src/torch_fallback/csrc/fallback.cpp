@@ -513,14 +513,11 @@ class FallbackCall {
       if (written.is_neg() != original.is_neg()) original._set_neg(written.is_neg());
       return;
     }
-    if (written.device() != backend_.home_device(original.storage())) {
-      call_.bytes_from_target += nbytes(written);
-    }
+    const c10::Device home_device = backend_.home_device(original.storage());
+    if (written.device() != home_device) call_.bytes_from_target += nbytes(written);
     at::_copy_from_and_resize(written, original);
     // A copy to the host waits for the stream, and so for the queued copies.
-    if (written.is_cuda() && backend_.home_device(original.storage()).is_cpu()) {
-      awaiting_copies_ = false;
-    }
+    if (written.is_cuda() && home_device.is_cpu()) awaiting_copies_ = false;
   }
 
   void write_back_argument(size_t i, bool may_resize) {
