@@ -86,7 +86,7 @@ class FallbackCall {
       choose_target();
       std::optional<cuda::DeviceScope> cuda_scope;
       if (target_.is_cuda()) cuda_scope.emplace(target_.index());
-      find_written_storages();
+      find_resizable_storages();
       move_arguments_to_target();
       call_op();
       write_back_mutated_arguments();
@@ -260,24 +260,24 @@ class FallbackCall {
 
   // One home storage per backend storage, so that tensors which alias each
   // other on the backend alias each other on the target too. The kernel may
-  // resize a storage the op writes (an out= argument growing): it gets a
-  // storage of its own over the same bytes, so that a resize swaps that
-  // storage's memory, never the backend's; write_back then copies back.
+  // resize a storage (an out= argument growing): it gets a storage of its own
+  // over the same bytes, so that a resize swaps that storage's memory, never
+  // the backend's; write_back then copies back.
   const c10::Storage& home_storage(const c10::Storage& storage) {
     c10::StorageImpl* key = storage.unsafeGetStorageImpl();
     if (c10::Storage* known = home_storages_.find(key)) return *known;
     c10::Storage home = backend_.home_storage(storage);
-    if (written_storages_.find(key) != nullptr) home = resizable_alias(storage, home);
+    if (resizable_storages_.find(key) != nullptr) home = resizable_alias(storage, home);
     return home_storages_.insert(key, std::move(home));
   }
 
-  void find_written_storages() {
+  void find_resizable_storages() {
     const size_t first = stack_->size() - schema_.arguments().size();
-    for (size_t i : rules_.written_arguments) {
+    for (size_t i : rules_.resizable_arguments) {
       for_each_tensor_in((*stack_)[first + i], [this](const at::Tensor& tensor) {
         if (!is_backend(tensor) || tensor.is_nested()) return;
         c10::StorageImpl* key = tensor.storage().unsafeGetStorageImpl();
-        if (written_storages_.find(key) == nullptr) written_storages_.insert(key, true);
+        if (resizable_storages_.find(key) == nullptr) resizable_storages_.insert(key, true);
       });
     }
   }
@@ -611,7 +611,7 @@ class FallbackCall {
   Decomposition decomposition_ = nullptr;
   SmallMap<c10::StorageImpl*, c10::Storage> home_storages_;
   SmallMap<c10::StorageImpl*, bool> shared_storages_;
-  SmallMap<c10::StorageImpl*, bool> written_storages_;
+  SmallMap<c10::StorageImpl*, bool> resizable_storages_;
   SmallMap<c10::StorageImpl*, StorageCopy, 2> storage_copies_;
   SmallMap<c10::TensorImpl*, at::Tensor> targets_;
   c10::SmallVector<c10::IValue, 8> originals_;

@@ -50,6 +50,12 @@ bool takes_cpu_tensors(const std::string& name) {
   return false;
 }
 
+// In-place ops keep their argument's shape; these change it (and its memory).
+bool resizes_its_arguments(const std::string& name) {
+  const std::string bare = name.substr(name.find("::") + 2);
+  return bare.find("resize") != std::string::npos || starts_with(bare, "set_");
+}
+
 std::unique_ptr<OpRules> make_rules(const c10::OperatorHandle& op) {
   const c10::FunctionSchema& schema = op.schema();
   auto rules = std::make_unique<OpRules>();
@@ -72,6 +78,10 @@ std::unique_ptr<OpRules> make_rules(const c10::OperatorHandle& op) {
   }
   rules->written_arguments.insert(rules->written_arguments.end(), rules->hidden_mutations.begin(),
                                   rules->hidden_mutations.end());
+  const bool resizes = resizes_its_arguments(rules->name);
+  for (size_t i : rules->written_arguments) {
+    if (resizes || args[i].is_out()) rules->resizable_arguments.push_back(i);
+  }
   for (size_t i = 0; i < args.size(); ++i) {
     const auto& type = args[i].real_type();
     const auto kind = type->kind() == c10::TypeKind::OptionalType

@@ -21,6 +21,9 @@ struct OpRules {
   std::vector<size_t> hidden_mutations;
   // Every argument the op writes: the schema's (a!) ones and the hidden mutations.
   std::vector<size_t> written_arguments;
+  // Written arguments a kernel may resize: out= ones, and those of the resize_
+  // and set_ ops. They get a resizable storage of their own on the target.
+  std::vector<size_t> resizable_arguments;
   // ScalarType arguments: a quantized dtype there makes a quantized result.
   std::vector<size_t> dtype_arguments;
   // Layout arguments: a sparse or mkldnn layout there makes such a result.

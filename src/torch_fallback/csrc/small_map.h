@@ -2,10 +2,10 @@
 // A map for the entries one fallback call needs (its tensors and storages):
 // a linear search over inline storage beats hashing and never allocates for
 // the common op; past kLinear entries (a _foreach_ op's lists) a hash index
-// keeps lookups constant-time.
+// keeps lookups constant-time (open addressing: no allocation per entry).
 #include <c10/util/SmallVector.h>
+#include <c10/util/flat_hash_map.h>
 
-#include <unordered_map>
 #include <utility>
 
 namespace torch_fallback {
@@ -29,6 +29,7 @@ class SmallMap {
     entries_.emplace_back(key, std::move(value));
     if (entries_.size() > kLinear) {
       if (index_.empty()) {
+        index_.reserve(4 * kLinear);
         for (size_t i = 0; i < entries_.size(); ++i) index_.emplace(entries_[i].first, i);
       } else {
         index_.emplace(key, entries_.size() - 1);
@@ -43,7 +44,7 @@ class SmallMap {
  private:
   static constexpr size_t kLinear = 16;
   c10::SmallVector<std::pair<Key, Value>, N> entries_;
-  std::unordered_map<Key, size_t> index_;
+  ska::flat_hash_map<Key, size_t> index_;
 };
 
 }  // namespace torch_fallback

@@ -48,8 +48,8 @@ struct BackendAdapter {
   c10::Device (*home_device)(const c10::Storage& storage);
   // A storage on the home device sharing the backend storage's bytes. It may be
   // the same storage at every call (one kept with the backend storage): the
-  // fallback never resizes it, and gives arguments an op writes a resizable
-  // storage of their own over the same bytes.
+  // fallback never resizes it, and gives arguments a kernel may resize (out=
+  // ones) a resizable storage of their own over the same bytes.
   c10::Storage (*home_storage)(const c10::Storage& storage);
   // The home device for new backend tensors on backend device `index`.
   c10::Device (*output_home)(c10::DeviceIndex index);
