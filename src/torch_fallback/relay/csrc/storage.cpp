@@ -203,6 +203,9 @@ c10::Device output_home(c10::DeviceIndex index) {
 at::Tensor adopt(const at::Tensor& home_tensor, c10::DeviceIndex index) {
   const c10::Storage& source = home_tensor.storage();
   const size_t nbytes = source.nbytes();
+  // The fallback runs later ops on this storage in place (the Block keeps it);
+  // a kernel must never give it new memory, which the relay storage would not see.
+  source.unsafeGetStorageImpl()->set_resizable(false);
   c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, relay_data_ptr(source, index),
                        allocator(), /*resizable=*/true);
   auto tensor = at::detail::make_tensor<c10::TensorImpl>(
