@@ -43,9 +43,6 @@ EXIT_REASONS = {
 }
 
 
-# --- running cells -------------------------------------------------------------------------------
-
-
 class CellResult(NamedTuple):
     cell: str
     exit_code: int
@@ -165,9 +162,6 @@ def run_tooling_tests(matrix: LoadedMatrix, artifacts: Path, reporter: Reporter)
     return status == 0
 
 
-# --- releases ------------------------------------------------------------------------------------
-
-
 def find_wheel(path: Path, what: str = "--wheel") -> Path:
     """``path`` if it is a wheel, else the one torch_fallback wheel in the directory ``path``."""
     if path.is_file() and path.suffix == ".whl":
@@ -254,9 +248,6 @@ def upload(tools: Path, url: str, wheels: Sequence[Path], log: Reporter) -> None
         page = listing.read().decode()
     names = sorted(line.split(">")[1].split("<")[0] for line in page.splitlines() if "<a " in line)
     log.say(f"local index now serves: {', '.join(names)}")
-
-
-# --- subcommands ---------------------------------------------------------------------------------
 
 
 class Context:
@@ -448,9 +439,6 @@ def cmd_clean(c: Context) -> int:
         shutil.rmtree(cache)
         c.reporter.say(f"removed {cache}")
     return EXIT_OK
-
-
-# --- parser --------------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -138,9 +138,6 @@ def site_packages(venv: Path) -> Path:
     return venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
 
 
-# --- steps ---------------------------------------------------------------------------------------
-
-
 def ensure_base_env(job: Job, env: Mapping[str, str], report: Reporter) -> Path:
     """The cached venv with torch and the groups, keyed by the interpreter and the wheelhouse."""
     content = {"python": sys.version, "base_prefix": sys.base_prefix, "groups": list(GROUPS)}
@@ -436,9 +433,7 @@ def run_steps(job: Job) -> int:
     return 0 if result["result"] == "passed" else 1
 
 
-# --- checks run in the cell's environment (torch and packaging there) ---------------------------
-
-
+# Run in the cell's environment (python -m fallback_matrix.job torch|wheel): packaging is there.
 def torch_matches(pin: str, version: str) -> bool:
     """Whether torch ``version`` is the pin: exactly when the pin has a label, else its release."""
     from packaging.version import Version

@@ -26,9 +26,6 @@ SelectionName = Literal["pr", "main"]
 KeyPath = tuple[str | int, ...]
 
 
-# --- errors --------------------------------------------------------------------------------------
-
-
 class MatrixError(Exception):
     """An error whose message is meant for the user as-is; the CLI exits with ``exit_code``."""
 
@@ -67,9 +64,7 @@ class MatrixFileError(MatrixError):
         super().__init__("\n".join(lines))
 
 
-# --- schema: every field's description is quoted when it is missing or wrong ----------------------
-
-
+# Every field's description is quoted when it is missing or wrong (_describe).
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
@@ -162,9 +157,6 @@ class MatrixFile(_Strict):
     variants: dict[VariantName, VariantSpec] = Field(min_length=1, description="cpu and cuda")
     project_tests: ProjectTests
     cells: list[CellSpec] = Field(min_length=1, description="the list of cells")
-
-
-# --- loading -------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -317,9 +309,6 @@ def _reference_problems(spec: MatrixFile) -> Iterator[tuple[KeyPath, str]]:
             yield (*at, "runner"), f"unknown runner {cell.runner!r}; expected one of {runners}"
     if spec.project_tests.cell not in first:
         yield ("project_tests", "cell"), f"unknown cell; expected one of {sorted(first)}"
-
-
-# --- cells ---------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -55,9 +55,6 @@ class Commented:
     comment: str
 
 
-# --- derived jobs: pure functions of the cells --------------------------------------------------
-
-
 class CrossTest(NamedTuple):
     """A CPU-built wheel tested against a CUDA cell's torch of the same release."""
 
@@ -99,9 +96,6 @@ def cross_tests(cells: Sequence[Cell]) -> list[CrossTest]:
         and cuda.python == cpu.python
         and Version(cuda.torch).public == Version(cpu.torch).public
     ]
-
-
-# --- filling in the data -------------------------------------------------------------------------
 
 
 def fill(template: Any, values: Mapping[str, Any]) -> Any:
@@ -202,9 +196,6 @@ def workflow(matrix: LoadedMatrix, spec: Mapping[str, Any], groups: str) -> dict
             {"name": spec["name"], "on": spec["on"], "cancel": cancel, "jobs": jobs},
         )
     )
-
-
-# --- text ----------------------------------------------------------------------------------------
 
 
 def _scalar(value: Any) -> str:
