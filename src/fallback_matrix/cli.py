@@ -72,15 +72,9 @@ def source_files(repo: Path) -> list[str]:
     return sorted(name for name in set(names) if name and (repo / name).is_file())
 
 
-def make_job(
-    matrix: LoadedMatrix,
-    cell: Cell,
-    cache: Path,
-    artifacts: Path,
-    wheelhouse: str = "",
-    **options: Any,
-) -> Job:
-    """The job of ``cell`` with host paths (the Docker runner maps them into its container)."""
+def make_job(matrix: LoadedMatrix, cell: Cell, cache: Path, artifacts: Path, **options: Any) -> Job:
+    """The job of ``cell`` with host paths (the Docker runner maps them into its container);
+    ``options``: the other Job fields, ``wheelhouse`` among them."""
     local, tests, image = cache / "local", cell.tests, cell.image
     return Job(
         cell=cell.name,
@@ -93,7 +87,6 @@ def make_job(
         gpu=cell.gpu,
         sources=source_files(matrix.root),
         repo=str(matrix.root),
-        wheelhouse=wheelhouse,
         cache=str(local),
         work=str(local / "work" / cell.name),
         artifacts=str(artifacts),
@@ -108,7 +101,6 @@ def run_cell(
     matrix: LoadedMatrix,
     cell: Cell,
     runner: runners.Runner,
-    *,
     artifacts_root: Path,
     reporter: Reporter,
     **options: Any,
@@ -271,18 +263,10 @@ class Context:
     def run(self, cells: Sequence[Cell], **options: Any) -> list[CellResult]:
         runner, reason = runners.choose_runner(self.args.runner)
         self.reporter.say(f"runner {runner.name} ({reason})")
-        results = []
+        results, options = [], {"gpus": self.args.gpus, **options}
         for number, cell in enumerate(cells, start=1):
             self.reporter.rule(f"cell {cell.name} ({number}/{len(cells)}) - runner {runner.name}")
-            result = run_cell(
-                self.matrix,
-                cell,
-                runner,
-                artifacts_root=self.artifacts,
-                reporter=self.reporter,
-                gpus=self.args.gpus,
-                **options,
-            )
+            result = run_cell(self.matrix, cell, runner, self.artifacts, self.reporter, **options)
             state = "passed" if result.exit_code == 0 else "FAILED"
             self.reporter.say(f"{cell.name} {state} in {result.seconds:.0f}s (log {result.log})")
             results.append(result)
@@ -309,10 +293,8 @@ class Context:
 
 
 def cmd_list(c: Context) -> int:
-    table = Table(title=f"cells of {c.matrix.file.name}")
-    for header in ("cell", "variant", "python", "torch", "cuda", "gpu", "runs on", "workflows"):
-        table.add_column(header)
-    table.add_column("tests")
+    headers = ("cell", "variant", "python", "torch", "cuda", "gpu", "runs on", "workflows", "tests")
+    table = Table(*headers, title=f"cells of {c.matrix.file.name}")
     for cell in c.cells:
         table.add_row(
             *(cell.name, cell.variant, cell.python, cell.torch, cell.cuda or "-"),

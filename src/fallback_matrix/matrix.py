@@ -1,12 +1,8 @@
 """matrix.yaml: its schema, loading with located errors, and its expansion into cells.
 
-Loading reads the YAML strictly (a repeated key is an error), remembers the
-line of every key, validates with pydantic and checks the cross-references the
-schema cannot express. Every problem names the file, the line, the key path in
-the ``cells[1].torch`` style and what was expected; all of them end up in one
-`MatrixFileError`. `expand_cells` is then a pure function from the validated
-file (and the environment and overrides passed in) to cells, as in
-pytorch/test-infra's generate_binary_build_matrix.py.
+Every problem of the file (YAML, a repeated key, the schema, references between keys) names
+the file, the line and the key path (``cells[1].torch``); all end up in one MatrixFileError.
+`expand_cells` is a pure function of the validated file, the environment and the overrides.
 """
 
 from __future__ import annotations
@@ -30,10 +26,6 @@ class MatrixError(Exception):
     """An error whose message is meant for the user as-is; the CLI exits with ``exit_code``."""
 
     exit_code = 2
-
-
-class RunnerUnavailableError(MatrixError):
-    """The requested runner cannot run on this machine."""
 
 
 class CellError(MatrixError):
@@ -352,20 +344,6 @@ def parse_index_override(text: str) -> tuple[VariantName, str]:
     )
 
 
-def _index(
-    spec: MatrixFile,
-    variant: VariantName,
-    environ: Mapping[str, str],
-    overrides: Mapping[VariantName, str],
-) -> IndexUrl:
-    settings = spec.variants[variant]
-    if variant in overrides:
-        return IndexUrl(overrides[variant], f"--index-url {variant}=...")
-    if environ.get(settings.index_url_env, "").strip():
-        return IndexUrl(environ[settings.index_url_env].strip(), f"${settings.index_url_env}")
-    return IndexUrl(settings.index_url, f"matrix.yaml variants.{variant}.index_url")
-
-
 def expand_cells(
     spec: MatrixFile,
     *,
@@ -374,17 +352,24 @@ def expand_cells(
     selection: SelectionName | None = None,
 ) -> tuple[Cell, ...]:
     """All cells of ``spec`` (or those in ``selection``: "pr" or "main"), defaults applied."""
-    defaults, cells = spec.defaults, []
+    defaults, environ, overrides, cells = spec.defaults, environ or {}, index_overrides or {}, []
     for cell in spec.cells:
         selections = tuple(cell.selections or defaults.selections)
         if selection is not None and selection not in selections:
             continue
+        variant, settings = cell.variant, spec.variants[cell.variant]
+        if variant in overrides:
+            index = IndexUrl(overrides[variant], f"--index-url {variant}=...")
+        elif url := environ.get(settings.index_url_env, "").strip():
+            index = IndexUrl(url, f"${settings.index_url_env}")
+        else:
+            index = IndexUrl(settings.index_url, f"matrix.yaml variants.{variant}.index_url")
         image, tests = (cell.image or ImageOverride(), cell.tests or TestOverride())
         cells.append(
             Cell(
                 **cell.model_dump(include={"name", "variant", "torch", "cuda", "gpu", "pypi"}),
                 python=cell.python or defaults.python,
-                index=_index(spec, cell.variant, environ or {}, index_overrides or {}),
+                index=index,
                 image=defaults.image.model_copy(update=image.model_dump(exclude_none=True)),
                 tests=defaults.tests.model_copy(update=tests.model_dump(exclude_none=True)),
                 runner_labels=tuple(spec.runners[cell.runner or defaults.runner]),

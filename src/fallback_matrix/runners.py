@@ -25,7 +25,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
 from .job import Job
-from .matrix import CellError, RunnerUnavailableError
+from .matrix import CellError, MatrixError
 from .report import Reporter, run_process
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def connect_docker(timeout: int = 900) -> DockerClient:
         client = docker.from_env(timeout=timeout)
         client.ping()
     except docker.errors.DockerException as error:
-        raise RunnerUnavailableError(
+        raise MatrixError(
             f"no Docker daemon answers ({str(error).splitlines()[0][:300]}). Start the Docker "
             "daemon (sudo systemctl start docker, or sudo dockerd), or use --runner local."
         ) from None
@@ -78,7 +78,7 @@ def engine_status() -> EngineStatus:
     """Whether a daemon answers, without raising."""
     try:
         client = connect_docker(timeout=5)
-    except RunnerUnavailableError as error:
+    except MatrixError as error:
         return EngineStatus(False, str(error))
     version = client.version().get("Version")
     client.close()
@@ -115,7 +115,7 @@ def find_python(
         result = subprocess.run([candidate, "-c", probe], capture_output=True, text=True)
         if result.stdout.strip() == version:
             return candidate
-    raise RunnerUnavailableError(
+    raise MatrixError(
         f"no Python {version} here (this is Python {running}; none on PATH as python{version} "
         f"or under {pyenv}): install Python {version} ({purpose})"
     )
@@ -212,7 +212,7 @@ def check_checkout_readable(
     info = stat(repo)
     if uid == info.st_uid or info.st_mode & 0o005 == 0o005:
         return
-    raise RunnerUnavailableError(
+    raise MatrixError(
         f"the checkout {repo} (mode {info.st_mode & 0o777:o}, owner uid {info.st_uid}) cannot "
         f"be read by the cell's container, which runs as uid {uid}. Make it readable "
         f"(chmod o+rx {repo}, as git clone leaves a checkout), or use --runner local"
@@ -302,7 +302,7 @@ def run_container(
             container.start()
         except docker.errors.APIError as error:
             if create["device_requests"] and "gpu" in str(error).lower():
-                raise RunnerUnavailableError(
+                raise MatrixError(
                     f"cell {job.cell}: Docker cannot give the container a GPU "
                     f"({error.explanation}). Install the NVIDIA Container Toolkit on this "
                     "machine, or run on a GPU runner"
