@@ -253,8 +253,7 @@ class Context:
         self.cells = matrix.expand_cells(
             self.matrix.spec, environ=os.environ, index_overrides=overrides
         )
-        artifacts = args.artifacts
-        self.artifacts = Path(artifacts).resolve() if artifacts else self.matrix.root / "artifacts"
+        self.artifacts = Path(args.artifacts or self.matrix.root / "artifacts").resolve()
 
     def cell(self, name: str, results_name: str | None = None) -> Cell:
         (cell,) = pick_cells(self.cells, [name])
@@ -381,13 +380,17 @@ def cmd_publish_local(c: Context) -> int:
 
 
 def cmd_workflows(c: Context) -> int:
-    from .workflows import check_workflows, plan_workflows, write_workflows
+    from .workflows import REGENERATE_COMMAND, check_workflows, plan_workflows, write_workflows
 
     planned = plan_workflows(c.matrix)
     if c.args.check:
-        drift = check_workflows(c.matrix.root, planned)
-        if drift:
-            c.reporter.error(str(drift))
+        if drift := check_workflows(c.matrix.root, planned):
+            c.reporter.error(
+                "the generated GitHub files are out of date with matrix.yaml ("
+                + "; ".join(f"{name}: {problem}" for name, problem in drift.items())
+                + f"); regenerate them with `{REGENERATE_COMMAND}` (or `nox -s workflows`) "
+                "and commit them"
+            )
             return EXIT_FAILED
         c.reporter.say(f"{len(planned)} generated file(s) up to date with matrix.yaml")
         return EXIT_OK
@@ -424,7 +427,6 @@ def cmd_clean(c: Context) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The parser of every subcommand in cli.yaml."""
     table = yaml.safe_load(Path(__file__).with_name("cli.yaml").read_text(encoding="utf-8"))
     parser = argparse.ArgumentParser(prog="python -m fallback_matrix", description=__doc__)
     parser.add_argument("--matrix", metavar="PATH", help="default: matrix.yaml here or above")

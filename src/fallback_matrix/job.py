@@ -90,8 +90,7 @@ class Job:
     def test_cwd(self) -> Path:
         return Path(self.work) / "test-cwd"
 
-    def venv(self, *args: str | Path) -> list[str | Path]:
-        """A command of the run venv's Python."""
+    def venv(self, *args: str | Path) -> list[str | Path]:  # a command of the run venv's Python
         return [self.run_venv / "bin" / "python", *args]
 
     def pip(self, *args: str | Path) -> list[str | Path]:

@@ -117,9 +117,7 @@ class VariantSpec(_Strict):
     index_url_env: str = Field(pattern=r"^[A-Z][A-Z0-9_]*$", description="a variable name")
 
 
-class CellSpec(_Strict):
-    """One cell as written in the file."""
-
+class CellSpec(_Strict):  # as written in the file; `Cell`: with the defaults applied
     name: CellName
     variant: VariantName = Field(description="the torch variant: cpu or cuda")
     torch: str = Field(pattern=TORCH_PATTERN, description='the torch version to pin, "2.13.0"')
@@ -141,8 +139,6 @@ class ProjectTests(_Strict):
 
 
 class MatrixFile(_Strict):
-    """The whole of matrix.yaml."""
-
     version: Literal[1] = Field(description="the schema version of this file: 1")
     defaults: Defaults
     runners: dict[str, list[str]] = Field(min_length=1, description="named runner label sets")
