@@ -227,9 +227,8 @@ def load_matrix(file: Path) -> LoadedMatrix:
         spec = MatrixFile.model_validate(data)
     except ValidationError as error:
         located = [(tuple(p for p in e["loc"] if p != "[key]"), e) for e in error.errors()]
-        raise MatrixFileError(
-            file, [problem(loc, _describe(e, loc)) for loc, e in located]
-        ) from None
+        problems = [problem(loc, _describe(e, loc)) for loc, e in located]
+        raise MatrixFileError(file, problems) from None
     problems = [problem(loc, message) for loc, message in _reference_problems(spec)]
     if problems:
         raise MatrixFileError(file, problems)
@@ -248,11 +247,8 @@ def _describe(item: Any, loc: KeyPath) -> str:
         close = difflib.get_close_matches(key, fields, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         return f"unknown key {key!r}{hint} (the comments atop matrix.yaml list every key)"
-    got = (
-        "a mapping"
-        if isinstance(value, dict)
-        else (f"a list of {len(value)}" if isinstance(value, list) else f"{value!r}")
-    )
+    got = f"a list of {len(value)}" if isinstance(value, list) else f"{value!r}"
+    got = "a mapping" if isinstance(value, dict) else got
     if kind == "string_type" and isinstance(value, int | float) and not isinstance(value, bool):
         return f"expected a string, got the number {value!r}: quote it (YAML reads 3.10 as 3.1)"
     if kind == "string_pattern_mismatch" and expected:
