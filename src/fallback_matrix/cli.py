@@ -43,9 +43,6 @@ EXIT_REASONS = {
 }
 
 
-# --- running cells -------------------------------------------------------------------------------
-
-
 class CellResult(NamedTuple):
     cell: str
     exit_code: int
@@ -75,15 +72,9 @@ def source_files(repo: Path) -> list[str]:
     return sorted(name for name in set(names) if name and (repo / name).is_file())
 
 
-def make_job(
-    matrix: LoadedMatrix,
-    cell: Cell,
-    cache: Path,
-    artifacts: Path,
-    wheelhouse: str = "",
-    **options: Any,
-) -> Job:
-    """The job of ``cell`` with host paths (the Docker runner maps them into its container)."""
+def make_job(matrix: LoadedMatrix, cell: Cell, cache: Path, artifacts: Path, **options: Any) -> Job:
+    """The job of ``cell`` with host paths (the Docker runner maps them into its container);
+    ``options``: the other Job fields, ``wheelhouse`` among them."""
     local, tests, image = cache / "local", cell.tests, cell.image
     return Job(
         cell=cell.name,
@@ -96,7 +87,6 @@ def make_job(
         gpu=cell.gpu,
         sources=source_files(matrix.root),
         repo=str(matrix.root),
-        wheelhouse=wheelhouse,
         cache=str(local),
         work=str(local / "work" / cell.name),
         artifacts=str(artifacts),
@@ -111,7 +101,6 @@ def run_cell(
     matrix: LoadedMatrix,
     cell: Cell,
     runner: runners.Runner,
-    *,
     artifacts_root: Path,
     reporter: Reporter,
     **options: Any,
@@ -163,9 +152,6 @@ def run_tooling_tests(matrix: LoadedMatrix, artifacts: Path, reporter: Reporter)
     record = {"cell": TOOLING_ROW, "runner": "host", "exit_code": status}
     (target / RESULT_FILE).write_text(json.dumps(record) + "\n", encoding="utf-8")
     return status == 0
-
-
-# --- releases ------------------------------------------------------------------------------------
 
 
 def find_wheel(path: Path, what: str = "--wheel") -> Path:
@@ -256,9 +242,6 @@ def upload(tools: Path, url: str, wheels: Sequence[Path], log: Reporter) -> None
     log.say(f"local index now serves: {', '.join(names)}")
 
 
-# --- subcommands ---------------------------------------------------------------------------------
-
-
 class Context:
     """What every subcommand needs: the matrix, its cells, where results go, the reporter."""
 
@@ -270,8 +253,7 @@ class Context:
         self.cells = matrix.expand_cells(
             self.matrix.spec, environ=os.environ, index_overrides=overrides
         )
-        artifacts = args.artifacts
-        self.artifacts = Path(artifacts).resolve() if artifacts else self.matrix.root / "artifacts"
+        self.artifacts = Path(args.artifacts or self.matrix.root / "artifacts").resolve()
 
     def cell(self, name: str, results_name: str | None = None) -> Cell:
         (cell,) = pick_cells(self.cells, [name])
@@ -280,18 +262,10 @@ class Context:
     def run(self, cells: Sequence[Cell], **options: Any) -> list[CellResult]:
         runner, reason = runners.choose_runner(self.args.runner)
         self.reporter.say(f"runner {runner.name} ({reason})")
-        results = []
+        results, options = [], {"gpus": self.args.gpus, **options}
         for number, cell in enumerate(cells, start=1):
             self.reporter.rule(f"cell {cell.name} ({number}/{len(cells)}) - runner {runner.name}")
-            result = run_cell(
-                self.matrix,
-                cell,
-                runner,
-                artifacts_root=self.artifacts,
-                reporter=self.reporter,
-                gpus=self.args.gpus,
-                **options,
-            )
+            result = run_cell(self.matrix, cell, runner, self.artifacts, self.reporter, **options)
             state = "passed" if result.exit_code == 0 else "FAILED"
             self.reporter.say(f"{cell.name} {state} in {result.seconds:.0f}s (log {result.log})")
             results.append(result)
@@ -318,10 +292,8 @@ class Context:
 
 
 def cmd_list(c: Context) -> int:
-    table = Table(title=f"cells of {c.matrix.file.name}")
-    for header in ("cell", "variant", "python", "torch", "cuda", "gpu", "runs on", "workflows"):
-        table.add_column(header)
-    table.add_column("tests")
+    headers = ("cell", "variant", "python", "torch", "cuda", "gpu", "runs on", "workflows", "tests")
+    table = Table(*headers, title=f"cells of {c.matrix.file.name}")
     for cell in c.cells:
         table.add_row(
             *(cell.name, cell.variant, cell.python, cell.torch, cell.cuda or "-"),
@@ -408,13 +380,17 @@ def cmd_publish_local(c: Context) -> int:
 
 
 def cmd_workflows(c: Context) -> int:
-    from .workflows import check_workflows, plan_workflows, write_workflows
+    from .workflows import REGENERATE_COMMAND, check_workflows, plan_workflows, write_workflows
 
     planned = plan_workflows(c.matrix)
     if c.args.check:
-        drift = check_workflows(c.matrix.root, planned)
-        if drift:
-            c.reporter.error(str(drift))
+        if drift := check_workflows(c.matrix.root, planned):
+            c.reporter.error(
+                "the generated GitHub files are out of date with matrix.yaml ("
+                + "; ".join(f"{name}: {problem}" for name, problem in drift.items())
+                + f"); regenerate them with `{REGENERATE_COMMAND}` (or `nox -s workflows`) "
+                "and commit them"
+            )
             return EXIT_FAILED
         c.reporter.say(f"{len(planned)} generated file(s) up to date with matrix.yaml")
         return EXIT_OK
@@ -450,11 +426,7 @@ def cmd_clean(c: Context) -> int:
     return EXIT_OK
 
 
-# --- parser --------------------------------------------------------------------------------------
-
-
 def build_parser() -> argparse.ArgumentParser:
-    """The parser of every subcommand in cli.yaml."""
     table = yaml.safe_load(Path(__file__).with_name("cli.yaml").read_text(encoding="utf-8"))
     parser = argparse.ArgumentParser(prog="python -m fallback_matrix", description=__doc__)
     parser.add_argument("--matrix", metavar="PATH", help="default: matrix.yaml here or above")

@@ -1,23 +1,11 @@
 """The job of one cell, where it runs: in the cell's container, or on the host.
 
-Standard library only (and ``fallback_matrix.report``): inside a container this
-runs on the image's bare Python, before anything is installed. The runner writes
-a `Job` as JSON and starts ``python3 -m fallback_matrix.job JOB.json`` from the
-directory holding the package (the repository's src/). Version checks run in the
-cell's environment, which has packaging: ``python -m fallback_matrix.job torch
-PIN CUDA|-`` and ``... wheel WHEEL TORCH`` each print one JSON line. Steps:
-
-1. environment   a cached venv with the pinned torch and the dependency groups
-                 (pip install --group), offline from the wheelhouse; a fresh venv on top
-2. verify torch  the installed torch must be the pinned release and variant
-3. sources       the repository copied to a fixed build dir in the cache (ninja, ccache)
-4. build         pip wheel --no-build-isolation through ccache; the wheel must pin
-                 the torch release it was built against (Requires-Dist)
-5. repair        auditwheel repair, torch's own libraries excluded; auditwheel show
-6. install       the repaired wheel (or a prebuilt one, or one from a package index)
-7. tests         pytest from outside the source tree, so the installed wheel is tested
-8. example       the third-party backend built against the installed wheel, its tests
-9. artifacts     the wheel; result.json records every step (the host completes it)
+Standard library only (and ``fallback_matrix.report``): in a container this runs on the
+image's bare Python, before anything is installed. The runner writes a `Job` as JSON and
+starts ``python3 -m fallback_matrix.job JOB.json`` from the repository's src/. Checks that
+need packaging run in the cell's environment: ``python -m fallback_matrix.job torch PIN
+CUDA|-`` and ``... wheel WHEEL TORCH`` each print one JSON line. The steps (``STEPS``) are
+README.md's "What a cell does"; result.json records them, and the host completes it.
 """
 
 from __future__ import annotations
@@ -102,10 +90,13 @@ class Job:
     def test_cwd(self) -> Path:
         return Path(self.work) / "test-cwd"
 
+    def venv(self, *args: str | Path) -> list[str | Path]:  # a command of the run venv's Python
+        return [self.run_venv / "bin" / "python", *args]
+
     def pip(self, *args: str | Path) -> list[str | Path]:
         """pip of the run venv: ``pip install`` without progress bars."""
         progress = ["--progress-bar", "off"] if args[:1] == ("install",) else []
-        return [self.run_venv / "bin" / "python", "-m", "pip", *args[:1], *progress, *args[1:]]
+        return self.venv("-m", "pip", *args[:1], *progress, *args[1:])
 
 
 class StepFailed(Exception):
@@ -113,18 +104,18 @@ class StepFailed(Exception):
 
 
 def run(command: Command, env: Mapping[str, str], cwd: Path | None = None) -> int:
-    print(f"$ {' '.join(str(part) for part in command)}", flush=True)
+    print(f"$ {' '.join(map(str, command))}", flush=True)
     return run_process(command, print, env=env, cwd=cwd)
 
 
-def must_run(command: Command, env: Mapping[str, str], what: str, cwd: Path | None = None) -> None:
-    status = run(command, env, cwd)
-    if status != 0:
+def must_run(command: Command, env: Mapping[str, str], what: str) -> None:
+    if (status := run(command, env)) != 0:
         raise StepFailed(f"{what} failed (exit status {status}); its output is above")
 
 
-def capture(command: Command, env: Mapping[str, str], cwd: Path | None = None) -> Any:
-    """``command`` run to its end, its output captured (a CompletedProcess)."""
+def capture(
+    command: Command, env: Mapping[str, str], cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     command = [str(part) for part in command]
     return subprocess.run(command, env=dict(env), cwd=cwd, capture_output=True, text=True)
 
@@ -146,9 +137,6 @@ def site_packages(venv: Path) -> Path:
     return venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
 
 
-# --- steps ---------------------------------------------------------------------------------------
-
-
 def ensure_base_env(job: Job, env: Mapping[str, str], report: Reporter) -> Path:
     """The cached venv with torch and the groups, keyed by the interpreter and the wheelhouse."""
     content = {"python": sys.version, "base_prefix": sys.base_prefix, "groups": list(GROUPS)}
@@ -164,8 +152,7 @@ def ensure_base_env(job: Job, env: Mapping[str, str], report: Reporter) -> Path:
         report.say(f"creating environment {base} from {job.wheelhouse}")
         must_run([sys.executable, "-m", "venv", base], env, "creating the venv")
         pip: list[str | Path] = [base / "bin" / "python", "-m", "pip", "install"]
-        pip += ["--progress-bar", "off"]
-        pip += ["--no-index", "--find-links", job.wheelhouse]
+        pip += ["--progress-bar", "off", "--no-index", "--find-links", job.wheelhouse]
         must_run([*pip, PIP_WITH_GROUPS], env, f"installing {PIP_WITH_GROUPS}")
         groups = [f"--group={job.repo}/pyproject.toml:{group}" for group in GROUPS]
         must_run([*pip, f"torch=={job.torch}", *groups], env, "installing torch and the groups")
@@ -184,8 +171,7 @@ def create_run_venv(job: Job, base: Path, env: Mapping[str, str], report: Report
 
 def check_in_env(job: Job, env: Mapping[str, str], *args: str) -> dict[str, Any]:
     """``python -m fallback_matrix.job ARGS`` in the run venv: its JSON answer."""
-    python = job.run_venv / "bin" / "python"
-    result = capture([python, "-m", "fallback_matrix.job", *args], env, cwd=PACKAGE_PARENT)
+    result = capture(job.venv("-m", "fallback_matrix.job", *args), env, cwd=PACKAGE_PARENT)
     if result.returncode != 0:
         print(result.stdout + result.stderr, flush=True)
         raise StepFailed(f"checking {args[0]} in {job.run_venv} failed; see the error above")
@@ -288,7 +274,7 @@ def repair_wheel(
     out = Path(job.work) / "repaired"
     shutil.rmtree(out, ignore_errors=True)
     excludes = sorted({*TORCH_LIBRARY_PATTERNS, *torch_libraries})
-    auditwheel: list[str | Path] = [job.run_venv / "bin" / "python", "-m", "auditwheel"]
+    auditwheel = job.venv("-m", "auditwheel")
     options = [f"--exclude={name}" for name in excludes]
     must_run([*auditwheel, "repair", *options, "--wheel-dir", out, wheel], env, "auditwheel repair")
     repaired = one_wheel(out, "auditwheel repair")
@@ -305,11 +291,6 @@ def repair_wheel(
     return repaired, shown
 
 
-def platform_tag(wheel: Path) -> str:
-    """torch_fallback-0.1.0-cp311-cp311-manylinux_2_35_x86_64.whl -> manylinux_2_35_x86_64."""
-    return wheel.name.removesuffix(".whl").split("-")[-1]
-
-
 def install_wheel(job: Job, wheel: Path | None, env: Mapping[str, str], report: Reporter) -> None:
     """Install ``wheel``, or (wheel None) the job's requirement from its package index."""
     if wheel is not None:
@@ -323,7 +304,7 @@ def install_wheel(job: Job, wheel: Path | None, env: Mapping[str, str], report: 
     must_run(job.pip("install", *source), env, what)
     job.test_cwd.mkdir(parents=True, exist_ok=True)
     probe = "import importlib.util; print(importlib.util.find_spec('torch_fallback').origin)"
-    result = capture([job.run_venv / "bin" / "python", "-c", probe], env, cwd=job.test_cwd)
+    result = capture(job.venv("-c", probe), env, cwd=job.test_cwd)
     origin = result.stdout.strip()
     if result.returncode != 0 or not origin.startswith(str(job.run_venv)):
         raise StepFailed(
@@ -338,9 +319,8 @@ def pytest_command(
 ) -> list[str | Path]:
     """pytest on ``paths`` without a cache in the (read-only) repository, with a JUnit report."""
     junit.parent.mkdir(parents=True, exist_ok=True)
-    command: list[str | Path] = [job.run_venv / "bin" / "python", "-m", "pytest", *paths]
-    command += ["--rootdir", root, "-p", "no:cacheprovider", "--junitxml", junit]
-    return [*command, "-o", f"junit_suite_name={name}"]
+    options: list[str | Path] = ["--rootdir", root, "-p", "no:cacheprovider", "--junitxml", junit]
+    return job.venv("-m", "pytest", *paths, *options, "-o", f"junit_suite_name={name}")
 
 
 def run_tests(job: Job, env: Mapping[str, str], report: Reporter) -> None:
@@ -376,14 +356,8 @@ def run_example(job: Job, env: Mapping[str, str], report: Reporter) -> None:
     build = Path(job.work) / "example"  # a copy: the repository is read-only in a container
     shutil.rmtree(build, ignore_errors=True)
     shutil.copytree(source, build, ignore=shutil.ignore_patterns("build", "*.egg-info"))
-    offline: list[str | Path] = [
-        "--no-build-isolation",
-        "--no-index",
-        "--find-links",
-        job.wheelhouse,
-        build,
-    ]
-    must_run(job.pip("install", *offline), env, f"pip install --no-build-isolation {job.example}")
+    pip = job.pip("install", "--no-build-isolation", "--no-index", "--find-links", job.wheelhouse)
+    must_run([*pip, build], env, f"pip install --no-build-isolation {job.example}")
     if not (build / "tests").is_dir():
         raise StepFailed(f"{job.example} has no tests/ directory; the cell runs its tests")
     junit = Path(job.artifacts) / "example" / "junit.xml"
@@ -431,7 +405,7 @@ def run_steps(job: Job) -> int:
             with report.step("repair", STEPS):
                 wheel, shown = repair_wheel(job, built, libraries, build)
                 (artifacts / "auditwheel.txt").write_text(shown + "\n", encoding="utf-8")
-                result["platform"] = platform_tag(wheel)
+                result["platform"] = wheel.name.removesuffix(".whl").split("-")[-1]
         with report.step("install", STEPS):
             install_wheel(job, wheel, env, report)
         with report.step("tests", STEPS):
@@ -458,9 +432,7 @@ def run_steps(job: Job) -> int:
     return 0 if result["result"] == "passed" else 1
 
 
-# --- checks run in the cell's environment (torch and packaging there) ---------------------------
-
-
+# Run in the cell's environment (python -m fallback_matrix.job torch|wheel): packaging is there.
 def torch_matches(pin: str, version: str) -> bool:
     """Whether torch ``version`` is the pin: exactly when the pin has a label, else its release."""
     from packaging.version import Version

@@ -1,12 +1,8 @@
 """matrix.yaml: its schema, loading with located errors, and its expansion into cells.
 
-Loading reads the YAML strictly (a repeated key is an error), remembers the
-line of every key, validates with pydantic and checks the cross-references the
-schema cannot express. Every problem names the file, the line, the key path in
-the ``cells[1].torch`` style and what was expected; all of them end up in one
-`MatrixFileError`. `expand_cells` is then a pure function from the validated
-file (and the environment and overrides passed in) to cells, as in
-pytorch/test-infra's generate_binary_build_matrix.py.
+Every problem of the file (YAML, a repeated key, the schema, references between keys) names
+the file, the line and the key path (``cells[1].torch``); all end up in one MatrixFileError.
+`expand_cells` is a pure function of the validated file, the environment and the overrides.
 """
 
 from __future__ import annotations
@@ -26,17 +22,10 @@ SelectionName = Literal["pr", "main"]
 KeyPath = tuple[str | int, ...]
 
 
-# --- errors --------------------------------------------------------------------------------------
-
-
 class MatrixError(Exception):
     """An error whose message is meant for the user as-is; the CLI exits with ``exit_code``."""
 
     exit_code = 2
-
-
-class RunnerUnavailableError(MatrixError):
-    """The requested runner cannot run on this machine."""
 
 
 class CellError(MatrixError):
@@ -67,9 +56,7 @@ class MatrixFileError(MatrixError):
         super().__init__("\n".join(lines))
 
 
-# --- schema: every field's description is quoted when it is missing or wrong ----------------------
-
-
+# Every field's description is quoted when it is missing or wrong (_describe).
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
@@ -130,9 +117,7 @@ class VariantSpec(_Strict):
     index_url_env: str = Field(pattern=r"^[A-Z][A-Z0-9_]*$", description="a variable name")
 
 
-class CellSpec(_Strict):
-    """One cell as written in the file."""
-
+class CellSpec(_Strict):  # as written in the file; `Cell`: with the defaults applied
     name: CellName
     variant: VariantName = Field(description="the torch variant: cpu or cuda")
     torch: str = Field(pattern=TORCH_PATTERN, description='the torch version to pin, "2.13.0"')
@@ -154,17 +139,12 @@ class ProjectTests(_Strict):
 
 
 class MatrixFile(_Strict):
-    """The whole of matrix.yaml."""
-
     version: Literal[1] = Field(description="the schema version of this file: 1")
     defaults: Defaults
     runners: dict[str, list[str]] = Field(min_length=1, description="named runner label sets")
     variants: dict[VariantName, VariantSpec] = Field(min_length=1, description="cpu and cuda")
     project_tests: ProjectTests
     cells: list[CellSpec] = Field(min_length=1, description="the list of cells")
-
-
-# --- loading -------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -247,9 +227,8 @@ def load_matrix(file: Path) -> LoadedMatrix:
         spec = MatrixFile.model_validate(data)
     except ValidationError as error:
         located = [(tuple(p for p in e["loc"] if p != "[key]"), e) for e in error.errors()]
-        raise MatrixFileError(
-            file, [problem(loc, _describe(e, loc)) for loc, e in located]
-        ) from None
+        problems = [problem(loc, _describe(e, loc)) for loc, e in located]
+        raise MatrixFileError(file, problems) from None
     problems = [problem(loc, message) for loc, message in _reference_problems(spec)]
     if problems:
         raise MatrixFileError(file, problems)
@@ -268,11 +247,8 @@ def _describe(item: Any, loc: KeyPath) -> str:
         close = difflib.get_close_matches(key, fields, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         return f"unknown key {key!r}{hint} (the comments atop matrix.yaml list every key)"
-    got = (
-        "a mapping"
-        if isinstance(value, dict)
-        else (f"a list of {len(value)}" if isinstance(value, list) else f"{value!r}")
-    )
+    got = f"a list of {len(value)}" if isinstance(value, list) else f"{value!r}"
+    got = "a mapping" if isinstance(value, dict) else got
     if kind == "string_type" and isinstance(value, int | float) and not isinstance(value, bool):
         return f"expected a string, got the number {value!r}: quote it (YAML reads 3.10 as 3.1)"
     if kind == "string_pattern_mismatch" and expected:
@@ -319,9 +295,6 @@ def _reference_problems(spec: MatrixFile) -> Iterator[tuple[KeyPath, str]]:
         yield ("project_tests", "cell"), f"unknown cell; expected one of {sorted(first)}"
 
 
-# --- cells ---------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class IndexUrl:
     """The index a cell's torch comes from, and which setting chose it."""
@@ -363,20 +336,6 @@ def parse_index_override(text: str) -> tuple[VariantName, str]:
     )
 
 
-def _index(
-    spec: MatrixFile,
-    variant: VariantName,
-    environ: Mapping[str, str],
-    overrides: Mapping[VariantName, str],
-) -> IndexUrl:
-    settings = spec.variants[variant]
-    if variant in overrides:
-        return IndexUrl(overrides[variant], f"--index-url {variant}=...")
-    if environ.get(settings.index_url_env, "").strip():
-        return IndexUrl(environ[settings.index_url_env].strip(), f"${settings.index_url_env}")
-    return IndexUrl(settings.index_url, f"matrix.yaml variants.{variant}.index_url")
-
-
 def expand_cells(
     spec: MatrixFile,
     *,
@@ -385,17 +344,24 @@ def expand_cells(
     selection: SelectionName | None = None,
 ) -> tuple[Cell, ...]:
     """All cells of ``spec`` (or those in ``selection``: "pr" or "main"), defaults applied."""
-    defaults, cells = spec.defaults, []
+    defaults, environ, overrides, cells = spec.defaults, environ or {}, index_overrides or {}, []
     for cell in spec.cells:
         selections = tuple(cell.selections or defaults.selections)
         if selection is not None and selection not in selections:
             continue
+        variant, settings = cell.variant, spec.variants[cell.variant]
+        if variant in overrides:
+            index = IndexUrl(overrides[variant], f"--index-url {variant}=...")
+        elif url := environ.get(settings.index_url_env, "").strip():
+            index = IndexUrl(url, f"${settings.index_url_env}")
+        else:
+            index = IndexUrl(settings.index_url, f"matrix.yaml variants.{variant}.index_url")
         image, tests = (cell.image or ImageOverride(), cell.tests or TestOverride())
         cells.append(
             Cell(
                 **cell.model_dump(include={"name", "variant", "torch", "cuda", "gpu", "pypi"}),
                 python=cell.python or defaults.python,
-                index=_index(spec, cell.variant, environ or {}, index_overrides or {}),
+                index=index,
                 image=defaults.image.model_copy(update=image.model_dump(exclude_none=True)),
                 tests=defaults.tests.model_copy(update=tests.model_dump(exclude_none=True)),
                 runner_labels=tuple(spec.runners[cell.runner or defaults.runner]),

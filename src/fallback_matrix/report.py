@@ -87,11 +87,8 @@ class Reporter:
 
 
 def without_pip_config(environ: Mapping[str, str]) -> dict[str, str]:
-    """``environ`` with no pip configuration: no PIP_* variable, no config file read.
-
-    (``pip --isolated`` would still read the site-wide files: a find-links folder,
-    a constraint file.)
-    """
+    """``environ`` with no pip configuration: no PIP_* variable, no config file read (``pip
+    --isolated`` would still read the site-wide ones: a find-links folder, a constraint file)."""
     env = {key: value for key, value in environ.items() if not key.startswith("PIP_")}
     env["PIP_CONFIG_FILE"] = os.devnull
     return env

@@ -1,14 +1,10 @@
 """Runners run a cell's job: ``docker`` in the cell's build image, ``local`` with a host Python.
 
-Docker: the repository and the wheelhouse are mounted read-only; a named volume
-(or a host directory, $FALLBACK_MATRIX_DOCKER_CACHE) keeps the caches (venvs, build
-dirs, ccache) across containers; the artifacts are copied out when the container
-ends. With a host directory the job runs as that directory's owner, so it can
-write there whoever created it (a hosted runner's user is uid 1001, the image's
-1000). Containers carry a label, so leftovers can be found (``python -m
-fallback_matrix clean``), and are removed whatever happens: success, failure, Ctrl-C.
-The image's tag hashes its build context and build args: an unchanged image is
-found by tag and never rebuilt.
+Docker: the repository and the wheelhouse are mounted read-only, the caches (venvs, build
+dirs, ccache) live in a named volume or a host directory ($FALLBACK_MATRIX_DOCKER_CACHE;
+the job then runs as its owner, so it can write there), the artifacts are copied out at
+the end. Containers carry a label (``clean`` finds leftovers) and are removed whatever
+happens. The image's tag hashes its build context and args: an unchanged one is reused.
 """
 
 from __future__ import annotations
@@ -29,7 +25,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
 from .job import Job
-from .matrix import CellError, RunnerUnavailableError
+from .matrix import CellError, MatrixError
 from .report import Reporter, run_process
 
 if TYPE_CHECKING:
@@ -63,9 +59,6 @@ class EngineStatus(NamedTuple):
     detail: str
 
 
-# --- choosing -----------------------------------------------------------------------------------
-
-
 def connect_docker(timeout: int = 900) -> DockerClient:
     """A client of a daemon that answers (image builds can be silent for minutes)."""
     import docker
@@ -74,7 +67,7 @@ def connect_docker(timeout: int = 900) -> DockerClient:
         client = docker.from_env(timeout=timeout)
         client.ping()
     except docker.errors.DockerException as error:
-        raise RunnerUnavailableError(
+        raise MatrixError(
             f"no Docker daemon answers ({str(error).splitlines()[0][:300]}). Start the Docker "
             "daemon (sudo systemctl start docker, or sudo dockerd), or use --runner local."
         ) from None
@@ -85,7 +78,7 @@ def engine_status() -> EngineStatus:
     """Whether a daemon answers, without raising."""
     try:
         client = connect_docker(timeout=5)
-    except RunnerUnavailableError as error:
+    except MatrixError as error:
         return EngineStatus(False, str(error))
     version = client.version().get("Version")
     client.close()
@@ -106,9 +99,6 @@ def choose_runner(
     return LocalRunner(), "auto: no Docker daemon answers"
 
 
-# --- local ---------------------------------------------------------------------------------------
-
-
 def find_python(
     version: str,
     which: Callable[[str], str | None] = shutil.which,
@@ -125,7 +115,7 @@ def find_python(
         result = subprocess.run([candidate, "-c", probe], capture_output=True, text=True)
         if result.stdout.strip() == version:
             return candidate
-    raise RunnerUnavailableError(
+    raise MatrixError(
         f"no Python {version} here (this is Python {running}; none on PATH as python{version} "
         f"or under {pyenv}): install Python {version} ({purpose})"
     )
@@ -148,9 +138,6 @@ class LocalRunner:
         log.say(f"runner local: {python} -m fallback_matrix.job in {source} (cache {job.cache})")
         status = run_process([python, "-m", "fallback_matrix.job", job_file], log.line, cwd=source)
         return status, f"local Python {python}"
-
-
-# --- docker --------------------------------------------------------------------------------------
 
 
 class ImagePlan(NamedTuple):
@@ -210,11 +197,8 @@ def ensure_image(client: DockerClient, plan: ImagePlan, log: Reporter) -> str:
 
 
 def cache_user(cache: str, stat: Callable[[str], os.stat_result] = os.stat) -> str | None:
-    """The uid:gid to run as for ``cache``: the owner's when it is a host directory.
-
-    A named volume (no leading /) takes the image user's ownership; so does a host
-    directory owned by root, which ``DockerRunner`` hands to that user instead.
-    """
+    """The uid:gid to run as for ``cache``: the owner's when it is a host directory. A named
+    volume, or a directory of root's (``DockerRunner`` gives it to him), gets the image user."""
     if cache[:1] != "/" or (info := stat(cache)).st_uid == 0:
         return None
     return f"{info.st_uid}:{info.st_gid}"
@@ -228,7 +212,7 @@ def check_checkout_readable(
     info = stat(repo)
     if uid == info.st_uid or info.st_mode & 0o005 == 0o005:
         return
-    raise RunnerUnavailableError(
+    raise MatrixError(
         f"the checkout {repo} (mode {info.st_mode & 0o777:o}, owner uid {info.st_uid}) cannot "
         f"be read by the cell's container, which runs as uid {uid}. Make it readable "
         f"(chmod o+rx {repo}, as git clone leaves a checkout), or use --runner local"
@@ -247,13 +231,12 @@ def plan_container(
     """The job as the container sees it, and the arguments of ``containers.create``."""
     from docker.types import DeviceRequest, Mount
 
-    wheel = job.prebuilt_wheel  # a wheel staged under the repository
-    if wheel:
-        wheel = f"{REPO}/{Path(wheel).relative_to(job.repo).as_posix()}"
     inside = dataclasses.replace(
         job, repo=REPO, wheelhouse=WHEELHOUSE, cache=CACHE, work=WORK, artifacts=ARTIFACTS
     )
-    inside = dataclasses.replace(inside, prebuilt_wheel=wheel)
+    if job.prebuilt_wheel:  # a wheel staged under the repository
+        staged = Path(job.prebuilt_wheel).relative_to(job.repo).as_posix()
+        inside = dataclasses.replace(inside, prebuilt_wheel=f"{REPO}/{staged}")
     environment = {"PYTHONUNBUFFERED": "1", "HOME": "/tmp"}  # a uid without a passwd entry
     if environ and environ.get("CI"):
         environment["CI"] = environ["CI"]
@@ -292,7 +275,6 @@ def extract_archive(chunks: Iterable[bytes], destination: Path) -> list[str]:
 
 
 def lines_of(chunks: Iterable[bytes]) -> Iterator[str]:
-    """Split a stream of byte chunks into text lines."""
     pending = ""
     for chunk in chunks:
         *complete, pending = (pending + chunk.decode("utf-8", errors="replace")).split("\n")
@@ -320,7 +302,7 @@ def run_container(
             container.start()
         except docker.errors.APIError as error:
             if create["device_requests"] and "gpu" in str(error).lower():
-                raise RunnerUnavailableError(
+                raise MatrixError(
                     f"cell {job.cell}: Docker cannot give the container a GPU "
                     f"({error.explanation}). Install the NVIDIA Container Toolkit on this "
                     "machine, or run on a GPU runner"
@@ -358,8 +340,7 @@ class DockerRunner:
             if Path(self.volume).stat().st_uid == 0 and os.geteuid() == 0:
                 os.chown(self.volume, IMAGE_UID, IMAGE_UID)
         image = ensure_image(client, plan_image(Path(job.repo), job), log)
-        user = cache_user(self.volume)
-        check_checkout_readable(job.repo, user)
+        check_checkout_readable(job.repo, user := cache_user(self.volume))
         inside, create = plan_container(
             job, image, volume=self.volume, environ=os.environ, user=user
         )

@@ -1,10 +1,7 @@
-"""The summary: a table of cells x build and test results, from the artifacts of a run.
+"""The summary: a table of cells x build and test results, from ``artifacts/<cell>/``.
 
-Reads ``artifacts/<cell>/``: result.json (the job's steps and the host's record)
-and junit.xml (pytest). The third-party example a cell builds and tests against
-its wheel (step ``example``, results in ``<cell>/example/``) is a row of its own,
-``<cell>/example``. The rows render as a rich table for the terminal and as
-GitHub-flavoured markdown for $GITHUB_STEP_SUMMARY.
+The third-party example a cell builds and tests against its wheel (step ``example``,
+results in ``<cell>/example/``) is a row of its own, ``<cell>/example``.
 """
 
 from __future__ import annotations
@@ -24,8 +21,7 @@ HEADERS = ["cell", "runner", "build", "passed", "failed", "skipped", "time", "re
 
 class JUnitCounts(NamedTuple):
     passed: int = 0
-    failed: int = 0
-    errors: int = 0
+    failed: int = 0  # failures and errors
     skipped: int = 0
 
 
@@ -35,14 +31,12 @@ def read_counts(report: Path) -> JUnitCounts | None:
         root = ET.parse(report).getroot()
     except (OSError, ET.ParseError):
         return None
-    total = [0, 0, 0, 0]
-    for suite in [root] if root.tag == "testsuite" else root.findall("testsuite"):
-        tests, failed, errors, skipped = (
-            int(suite.get(key) or 0) for key in ("tests", "failures", "errors", "skipped")
-        )
-        counts = (max(tests - failed - errors - skipped, 0), failed, errors, skipped)
-        total = [a + b for a, b in zip(total, counts, strict=True)]
-    return JUnitCounts(*total)
+    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+    tests, failed, skipped = (
+        sum(int(suite.get(key) or 0) for suite in suites for key in keys)
+        for keys in (["tests"], ["failures", "errors"], ["skipped"])
+    )
+    return JUnitCounts(max(tests - failed - skipped, 0), failed, skipped)
 
 
 class CellRow(NamedTuple):
@@ -98,9 +92,7 @@ def collect_rows(artifacts_root: Path, cells: Sequence[str] | None = None) -> li
 
 
 def _cells(row: CellRow) -> list[str]:
-    tests = row.tests or JUnitCounts()
-    counts = [tests.passed, tests.failed + tests.errors, tests.skipped]
-    numbers = [str(n) for n in counts] if row.tests else ["-"] * 3
+    numbers = [str(n) for n in row.tests] if row.tests else ["-"] * 3
     time = format_elapsed(row.seconds) if row.seconds is not None else "-"
     return [row.cell, row.runner, row.build, *numbers, time, row.result]
 
@@ -126,7 +118,5 @@ def render_markdown(rows: Sequence[CellRow], title: str = "matrix") -> str:
 def closing_line(rows: Sequence[CellRow], label: str = "matrix") -> str:
     """One plain line: '<label>: N passed, N failed, N skipped'."""
     counts = [row.tests for row in rows if row.tests is not None]
-    passed, failed, errors, skipped = (
-        sum(column) for column in zip(*counts, JUnitCounts(), strict=True)
-    )
-    return f"{label}: {passed} passed, {failed + errors} failed, {skipped} skipped"
+    passed, failed, skipped = (sum(column) for column in zip(*counts, JUnitCounts(), strict=True))
+    return f"{label}: {passed} passed, {failed} failed, {skipped} skipped"

@@ -1,16 +1,11 @@
 """Wheelhouses: every wheel a cell installs, downloaded once on the host.
 
-A container then installs offline (``--no-index --find-links``) from a read-only
-mount. A wheelhouse lives in ``<cache>/wheelhouse/<name>/``, named after what it
-holds (torch, Python and a hash of the rest), never after the cell: cells that
-install the same things share one directory, and CI caches it once. It is filled
-in a temporary directory and renamed into place only when complete.
-
-torch comes from the variant's index when that answers (a probe of seconds), with
-none of the machine's pip configuration: a find-links folder or a constraint file
-must not swap the build the cell pins. When it does not answer, the tooling says
-so in one line and uses pip's own configuration. The dependency groups of
-pyproject.toml are resolved by pip itself (``--group``, pip >= 25.1).
+A container then installs offline (``--no-index --find-links``) from a read-only mount.
+A wheelhouse is named after what it holds, never after the cell: cells that install the
+same share one directory, and CI caches it once. It is filled in a temporary directory
+and renamed into place only when complete. torch comes from the variant's index with none
+of the machine's pip configuration (a find-links folder or a constraint file must not swap
+the build the cell pins), unless that index does not answer: then pip's own configuration.
 """
 
 from __future__ import annotations
@@ -28,7 +23,6 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import NamedTuple
 from urllib.parse import urlparse
 
 import tomllib
@@ -53,26 +47,19 @@ class WheelhouseError(CellError):
     """Filling a cell's wheelhouse failed."""
 
 
-class ProbeResult(NamedTuple):
-    url: str
-    reachable: bool
-    detail: str
-
-
-def probe_index(url: str, timeout: float = 3.0) -> ProbeResult:
-    """Whether ``url`` answers for torch's page: one HEAD request, no retries."""
+def probe_index(url: str, timeout: float = 3.0) -> str | None:
+    """Why ``url`` does not answer for torch's page (one HEAD request, no retries), or None."""
     if url.startswith("file:"):
-        exists = Path(urlparse(url).path).is_dir()
-        return ProbeResult(url, exists, "directory exists" if exists else "no such directory")
+        return None if Path(urlparse(url).path).is_dir() else "no such directory"
     page = url.rstrip("/") + "/torch/"
     request = urllib.request.Request(page, method="HEAD", headers={"User-Agent": "fallback-matrix"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return ProbeResult(url, True, f"HTTP {response.status}")
+        urllib.request.urlopen(request, timeout=timeout).close()
     except urllib.error.HTTPError as error:
-        return ProbeResult(url, False, f"HTTP {error.code} for {page}")
-    except (urllib.error.URLError, OSError) as error:
-        return ProbeResult(url, False, str(getattr(error, "reason", error)) or repr(error))
+        return f"HTTP {error.code} for {page}"
+    except OSError as error:  # URLError, timeouts
+        return str(getattr(error, "reason", error)) or repr(error)
+    return None
 
 
 def dependency_groups(pyproject: Path) -> str:
@@ -145,11 +132,9 @@ def pip_has_groups() -> bool:
 
 
 def download_python(version: str, cache_root: Path, log: Reporter) -> str:
-    """A Python ``version`` with pip >= 25.1 to run pip download for a cell with.
-
-    pip evaluates the environment markers of dependencies (``tomli; python_version <
-    "3.11"``) for the Python it runs on, whatever --python-version says.
-    """
+    """A Python ``version`` with pip >= 25.1 to run pip download for a cell with: pip
+    evaluates dependency markers (``tomli; python_version < "3.11"``) for the Python it
+    runs on, whatever --python-version says."""
     from .runners import find_python
 
     if version == f"{sys.version_info.major}.{sys.version_info.minor}" and pip_has_groups():
@@ -177,7 +162,7 @@ def ensure_wheelhouse(
     variant: str = "cpu",
     *,
     pip_download: PipDownload | None = None,
-    probe: Callable[[str], ProbeResult] = probe_index,
+    probe: Callable[[str], str | None] = probe_index,
 ) -> Path:
     """The complete wheelhouse of ``request``, filled now unless an earlier fill completed."""
     final = wheelhouse_path(cache_root, request)
@@ -191,10 +176,37 @@ def ensure_wheelhouse(
             command = [python, "-m", "pip", "download", "--progress-bar", "off", *args]
             return run_process(command, log.line, env=env)
 
+    cell, torch = request.cell, request.torch_requirement
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent))
+    target = ["--only-binary=:all:", "--python-version", request.python, "--implementation", "cp"]
+    target += [option for platform in PLATFORMS for option in ("--platform", platform)]
+    target += ["--dest", str(staging)]
     try:
-        _fill(request, index_url, staging, log, pip_download, probe(index_url), variant)
+        if (unreachable := probe(index_url)) is None:
+            log.say(f"wheelhouse: {torch} from {index_url} (no pip configuration)")
+            cert = ["--cert", cert] if (cert := pip_cert(os.environ)) else []
+            status = pip_download(
+                [*target, *cert, "--index-url", index_url, torch], without_pip_config(os.environ)
+            )
+        else:
+            log.say(f"index {index_url} unreachable ({unreachable}); using pip's own configuration")
+            status = pip_download([*target, torch], None)
+        if status != 0:
+            raise WheelhouseError(
+                f"cell {cell}: pip download of {torch} failed (exit {status}); see above. "
+                "Check the index, or set it with --index-url VARIANT=URL"
+            )
+        log.say(f"wheelhouse: got {_downloaded_torch(request, staging, variant)}")
+        groups = [f"--group={request.pyproject}:{name}" for name in GROUPS]
+        if (status := pip_download([*target, PIP_WITH_GROUPS, *groups], None)) != 0:
+            raise WheelhouseError(f"cell {cell}: pip download of the groups failed ({status})")
+        manifest = asdict(request) | {
+            "pyproject": str(request.pyproject),
+            "torch_index": "pip configuration" if unreachable else index_url,
+            "wheels": sorted(path.name for path in staging.glob("*.whl")),
+        }
+        (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
         staging.chmod(0o755)  # mkdtemp makes it 0700; the container user must read it
         if (final / MANIFEST_NAME).is_file():
             log.say(f"wheelhouse: another run completed {final} meanwhile; using it")
@@ -207,32 +219,9 @@ def ensure_wheelhouse(
     return final
 
 
-def _fill(
-    request: WheelhouseRequest,
-    index_url: str,
-    staging: Path,
-    log: Reporter,
-    pip_download: PipDownload,
-    probe: ProbeResult,
-    variant: str,
-) -> None:
+def _downloaded_torch(request: WheelhouseRequest, staging: Path, variant: str) -> str:
+    """The one torch wheel pip downloaded, checked to be the release and variant pinned."""
     cell, requirement = request.cell, request.torch_requirement
-    target = ["--only-binary=:all:", "--python-version", request.python, "--implementation", "cp"]
-    target += [option for platform in PLATFORMS for option in ("--platform", platform)]
-    target += ["--dest", str(staging)]
-    env, index_args = None, []
-    if probe.reachable:
-        log.say(f"wheelhouse: {requirement} from {index_url} (no pip configuration)")
-        cert, env = pip_cert(os.environ), without_pip_config(os.environ)
-        index_args = [*(["--cert", cert] if cert else []), "--index-url", index_url]
-    else:
-        log.say(f"index {index_url} unreachable ({probe.detail}); using pip's own configuration")
-    status = pip_download([*target, *index_args, requirement], env)
-    if status != 0:
-        raise WheelhouseError(
-            f"cell {cell}: pip download of {requirement} failed (exit {status}); see above. "
-            "Check the index, or set it with --index-url VARIANT=URL"
-        )
     found = sorted(staging.glob("torch-*.whl"))
     if len(found) != 1:
         names = ", ".join(p.name for p in found) or "none"
@@ -250,16 +239,4 @@ def _fill(
             "find-links folder or index of this machine offers it first. Point the cuda "
             "variant at an index with CUDA builds (--index-url cuda=URL)"
         )
-    log.say(f"wheelhouse: got {found[0].name}")
-    groups = [f"--group={request.pyproject}:{name}" for name in GROUPS]
-    status = pip_download([*target, PIP_WITH_GROUPS, *groups], None)
-    if status != 0:
-        raise WheelhouseError(
-            f"cell {cell}: pip download of the dependency groups failed ({status})"
-        )
-    manifest = asdict(request) | {
-        "pyproject": str(request.pyproject),
-        "torch_index": index_url if probe.reachable else "pip configuration",
-        "wheels": sorted(path.name for path in staging.glob("*.whl")),
-    }
-    (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return found[0].name

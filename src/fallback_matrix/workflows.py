@@ -1,11 +1,8 @@
 """GitHub Actions workflows generated from matrix.yaml: data, filled in, rendered, written.
 
-The workflows, their jobs and steps are data (workflows.yaml, beside this module);
-``plan_workflows`` fills them in for the matrix's cells, a pure function, and renders
-plain dicts and lists as YAML in insertion order, where a `Commented` value carries
-its end-of-line comment (an action's version, a zizmor ignore with its reason). The
-same matrix always gives the same bytes, so ``workflows --check`` (and a test) can
-tell when the committed files drifted.
+Their jobs and steps are data (workflows.yaml); ``plan_workflows``, a pure function, fills
+them in and renders them as YAML, where a `Commented` value carries its end-of-line comment
+(an action's version, a zizmor ignore). Same matrix, same bytes: ``--check`` sees drift.
 """
 
 from __future__ import annotations
@@ -55,9 +52,6 @@ class Commented:
     comment: str
 
 
-# --- derived jobs: pure functions of the cells --------------------------------------------------
-
-
 class CrossTest(NamedTuple):
     """A CPU-built wheel tested against a CUDA cell's torch of the same release."""
 
@@ -99,9 +93,6 @@ def cross_tests(cells: Sequence[Cell]) -> list[CrossTest]:
         and cuda.python == cpu.python
         and Version(cuda.torch).public == Version(cpu.torch).public
     ]
-
-
-# --- filling in the data -------------------------------------------------------------------------
 
 
 def fill(template: Any, values: Mapping[str, Any]) -> Any:
@@ -204,9 +195,6 @@ def workflow(matrix: LoadedMatrix, spec: Mapping[str, Any], groups: str) -> dict
     )
 
 
-# --- text ----------------------------------------------------------------------------------------
-
-
 def _scalar(value: Any) -> str:
     text: str = yaml.safe_dump(value, default_flow_style=True, width=10_000)
     return text.removesuffix("\n").removesuffix("\n...").strip()
@@ -255,49 +243,31 @@ def plan_workflows(matrix: LoadedMatrix, groups: str | None = None) -> dict[str,
     return planned
 
 
-class Drift(NamedTuple):
-    """Generated files that differ from the generator's output, are missing, or are stale."""
-
-    changed: tuple[str, ...]
-    missing: tuple[str, ...]
-    stale: tuple[str, ...]
-
-    def __bool__(self) -> bool:
-        return bool(self.changed or self.missing or self.stale)
-
-    def __str__(self) -> str:
-        labels = ("differ from matrix.yaml", "missing", "generated but no longer wanted")
-        parts = [
-            f"{label}: {', '.join(names)}"
-            for label, names in zip(labels, self, strict=True)
-            if names
-        ]
-        return (
-            f"the generated GitHub files are out of date with matrix.yaml ({'; '.join(parts)}); "
-            f"regenerate them with `{REGENERATE_COMMAND}` (or `nox -s workflows`) and commit them"
-        )
-
-
-def check_workflows(root: Path, planned: Mapping[str, str]) -> Drift:
+def check_workflows(root: Path, planned: Mapping[str, str]) -> dict[str, str]:
+    """What is wrong with each generated file not as ``planned``: it differs, is missing, or
+    was generated but is no longer planned (its name changed)."""
     committed = {
         path.relative_to(root).as_posix(): text
         for directory in (Path(ACTIONLINT_CONFIG).parent, WORKFLOWS_DIR)
         for path in sorted((root / directory).glob("*.y*ml"))
         if (text := path.read_text(encoding="utf-8")).startswith(GENERATED_MARKER)
     }
-    return Drift(
-        changed=tuple(n for n in planned if n in committed and committed[n] != planned[n]),
-        missing=tuple(n for n in planned if not (root / n).is_file()),
-        stale=tuple(n for n in committed if n not in planned),
-    )
+    drift = {name: "no longer generated" for name in committed if name not in planned}
+    for name, text in planned.items():
+        if not (root / name).is_file():
+            drift[name] = "missing"
+        elif committed.get(name, text) != text:
+            drift[name] = "differs from matrix.yaml"
+    return drift
 
 
 def write_workflows(root: Path, planned: Mapping[str, str]) -> list[str]:
-    """Write the planned files, remove generated ones no longer planned: the names changed."""
+    """Write the planned files that differ or are missing; remove those no longer planned."""
     drift = check_workflows(root, planned)
-    for name in drift.stale:
-        (root / name).unlink()
-    for name in (*drift.changed, *drift.missing):
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(planned[name], encoding="utf-8")
-    return [*drift.stale, *drift.changed, *drift.missing]
+    for name in drift:
+        if name not in planned:
+            (root / name).unlink()
+        else:
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / name).write_text(planned[name], encoding="utf-8")
+    return list(drift)

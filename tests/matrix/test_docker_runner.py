@@ -19,8 +19,8 @@ from fallback_matrix.job import Job
 from fallback_matrix.matrix import (
     CellError,
     LoadedMatrix,
+    MatrixError,
     MatrixFile,
-    RunnerUnavailableError,
     expand_cells,
 )
 from fallback_matrix.runners import (
@@ -43,8 +43,8 @@ def work(matrix_data: dict[str, Any], repo_root: Path, tmp_path: Path) -> Job:
     spec = MatrixFile.model_validate(matrix_data)
     cell = expand_cells(spec)[0]
     matrix = LoadedMatrix(repo_root / "matrix.yaml", spec)
-    job = make_job(matrix, cell, tmp_path / "cache", tmp_path / "artifacts" / "cpu")
-    return dataclasses.replace(job, wheelhouse=str(tmp_path / "wheelhouse"))
+    artifacts, wheelhouse = tmp_path / "artifacts" / "cpu", str(tmp_path / "wheelhouse")
+    return make_job(matrix, cell, tmp_path / "cache", artifacts, wheelhouse=wheelhouse)
 
 
 def out_archive(files: dict[str, bytes]) -> Iterator[bytes]:
@@ -206,9 +206,7 @@ def test_gpu_request_without_gpu_support_is_explained(work: Job, cell_log: Any) 
     )
     client = fake_client(container)
     plan = plan_container(dataclasses.replace(work, gpus=True), "img")
-    with pytest.raises(
-        RunnerUnavailableError, match="cell cpu: Docker cannot give the container a GPU"
-    ):
+    with pytest.raises(MatrixError, match="cell cpu: Docker cannot give the container a GPU"):
         run_container(client, *plan, cell_log, Path(work.artifacts))
     assert client.containers.create.call_args.kwargs["device_requests"][0]["Capabilities"] == [
         ["gpu"]
@@ -266,7 +264,7 @@ def test_the_plan_carries_the_user_and_the_network(work: Job) -> None:
 
 
 def test_a_checkout_the_container_user_cannot_read_is_a_clear_error():
-    with pytest.raises(RunnerUnavailableError, match=r"mode 700.*uid 1000.*chmod o\+rx /ci/repo"):
+    with pytest.raises(MatrixError, match=r"mode 700.*uid 1000.*chmod o\+rx /ci/repo"):
         check_checkout_readable("/ci/repo", None, stat=_stat(0, 0, mode=0o40700))
     # Readable by others, or owned by the user the container runs as: fine.
     check_checkout_readable("/ci/repo", None, stat=_stat(0, 0))

@@ -36,7 +36,8 @@ JOB_FIELDS: dict[str, Any] = {
 def jobs_of(matrix_data: dict[str, Any], repo: Path) -> list[Job]:
     spec = MatrixFile.model_validate(matrix_data)
     matrix = LoadedMatrix(repo / "matrix.yaml", spec)
-    return [make_job(matrix, cell, repo / ".cache", repo / "out") for cell in expand_cells(spec)]
+    cells = expand_cells(spec)
+    return [make_job(matrix, cell, repo / ".cache", repo / "out", wheelhouse="") for cell in cells]
 
 
 @pytest.fixture

@@ -302,7 +302,7 @@ def test_repair_excludes_torchs_own_libraries_and_keeps_the_manylinux_wheel(
     excludes = {part.removeprefix("--exclude=") for part in command if "--exclude=" in part}
     assert {"libtorch*.so*", "libc10*.so*", "libtorch_cpu.so", "libgomp-a34b3233.so.1"} <= excludes
     assert command[-1] == str(built)
-    assert job_module.platform_tag(wheel) == "manylinux_2_34_x86_64"
+    assert wheel.name.endswith("-manylinux_2_34_x86_64.whl")
     assert "manylinux_2_34" in shown and "manylinux_2_34" in capsys.readouterr().out
 
 

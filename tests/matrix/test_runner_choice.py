@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import docker
-from fallback_matrix.matrix import RunnerUnavailableError
+from fallback_matrix.matrix import MatrixError
 from fallback_matrix.report import Reporter
 from fallback_matrix.runners import (
     EngineStatus,
@@ -30,7 +30,7 @@ def no_daemon(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_no_daemon_says_how_to_start_one_or_use_local(no_daemon: None) -> None:
-    with pytest.raises(RunnerUnavailableError) as caught:
+    with pytest.raises(MatrixError) as caught:
         connect_docker()
     message = str(caught.value)
     assert "no Docker daemon answers" in message
@@ -39,7 +39,7 @@ def test_no_daemon_says_how_to_start_one_or_use_local(no_daemon: None) -> None:
 
 
 def test_asking_for_docker_without_a_daemon_fails_clearly(no_daemon: None) -> None:
-    with pytest.raises(RunnerUnavailableError, match="Start the Docker daemon"):
+    with pytest.raises(MatrixError, match="Start the Docker daemon"):
         choose_runner("docker")
 
 
@@ -76,7 +76,7 @@ def test_local_runner_uses_this_python_when_versions_match() -> None:
 
 
 def test_local_runner_explains_a_missing_python() -> None:
-    with pytest.raises(RunnerUnavailableError, match=r"no Python 3\.99 here.*--runner docker"):
+    with pytest.raises(MatrixError, match=r"no Python 3\.99 here.*--runner docker"):
         find_python("3.99", which=lambda name: None)
 
 
@@ -85,7 +85,7 @@ def test_a_python_of_another_version_is_found_under_pyenv(
 ) -> None:
 
     from fallback_matrix import runners as local
-    from fallback_matrix.matrix import RunnerUnavailableError
+    from fallback_matrix.matrix import MatrixError
 
     monkeypatch.setenv("PYENV_ROOT", str(tmp_path))
     python = tmp_path / "versions" / "3.10.13" / "bin" / "python3.10"
@@ -93,7 +93,7 @@ def test_a_python_of_another_version_is_found_under_pyenv(
     python.write_text("#!/bin/sh\necho 3.10\n")  # a stand-in that answers as Python 3.10
     python.chmod(0o755)
     assert local.find_python("3.10", which=lambda name: None) == str(python)
-    with pytest.raises(RunnerUnavailableError, match=r"no Python 3\.9 here.*install Python 3\.9"):
+    with pytest.raises(MatrixError, match=r"no Python 3\.9 here.*install Python 3\.9"):
         local.find_python("3.9", which=lambda name: None)
 
 

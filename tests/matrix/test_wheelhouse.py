@@ -12,7 +12,6 @@ import pytest
 
 from fallback_matrix.wheelhouse import (
     MANIFEST_NAME,
-    ProbeResult,
     WheelhouseError,
     WheelhouseRequest,
     ensure_wheelhouse,
@@ -63,12 +62,12 @@ def output_of(reporter: Any) -> str:
     return str(reporter.stream.getvalue())
 
 
-def reachable(url: str) -> ProbeResult:
-    return ProbeResult(url, True, "HTTP 200")
+def reachable(url: str) -> str | None:
+    return None
 
 
-def unreachable(url: str) -> ProbeResult:
-    return ProbeResult(url, False, "Could not resolve host")
+def unreachable(url: str) -> str | None:
+    return "Could not resolve host"
 
 
 def fill(tmp_path: Path, cell_log: Any, pip: FakePip, probe: Any = unreachable) -> Path:
