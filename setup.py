@@ -90,6 +90,7 @@ extensions = [
             "op_rules.cpp",
             "decompositions.cpp",
             "native_kernels.cpp",
+            "batch_norm.cpp",
             "fallback.cpp",
         ),
         include_dirs=[PUBLIC_INCLUDE],

@@ -4,8 +4,9 @@ A composite kernel serves any device without a kernel of its own, so on relay an
 op such as _foreach_add_ (one kernel launch per list on CUDA) would become one
 fallback call per tensor, and scaled_dot_product_attention would take the math
 path (a dozen ops and their backwards) instead of the target's attention kernel.
-These tests check that relay runs such ops whole on the target, and that the
-results are eager's.
+Batch norm's composite picks cuDNN for CUDA tensors only. These tests check that
+relay runs such ops whole on the target, with the kernels eager would choose,
+and that the results are eager's.
 """
 
 from __future__ import annotations
@@ -139,3 +140,54 @@ def test_attention_with_a_boolean_mask_matches_eager(placement):
     relay_inputs = relay_copy([q.detach(), k.detach(), v.detach()])
     got = F.scaled_dot_product_attention(*relay_inputs, attn_mask=mask.to("relay"))
     torch.testing.assert_close(got.cpu(), expected.detach(), rtol=1e-4, atol=1e-4)
+
+
+def batch_norm_by_kernel(cudnn: bool, x, weight, bias, mean, var, grad):
+    """Forward (output, saved mean and inverse std, running statistics) and backward
+    (gradients of input, weight, bias) of training-mode batch norm, called kernel by
+    kernel without autograd: cuDNN's or the native one."""
+    mean, var = mean.clone(), var.clone()
+    if cudnn:
+        out, saved_mean, saved_invstd, reserve = torch.ops.aten.cudnn_batch_norm(
+            x, weight, bias, mean, var, True, 0.1, 1e-5
+        )
+        grads = torch.ops.aten.cudnn_batch_norm_backward(
+            x, grad, weight, mean, var, saved_mean, saved_invstd, 1e-5, reserve
+        )
+    else:
+        out, saved_mean, saved_invstd = torch.ops.aten.native_batch_norm(
+            x, weight, bias, mean, var, True, 0.1, 1e-5
+        )
+        grads = torch.ops.aten.native_batch_norm_backward(
+            grad, x, weight, mean, var, saved_mean, saved_invstd, True, 1e-5, [True] * 3
+        )
+    return [out, mean, var, *grads]
+
+
+@pytest.mark.parametrize("cudnn_enabled", [True, False], ids=["cudnn-on", "cudnn-off"])
+def test_batch_norm_runs_the_kernels_eager_would(placement, cudnn_enabled):
+    """Bit for bit: cuDNN's kernels where relay's memory is on the target GPU and
+    PyTorch would choose cuDNN, the target's native kernels everywhere else."""
+    torch.manual_seed(0)
+    x, grad = torch.randn(8, 16, 12, 12), torch.randn(8, 16, 12, 12)
+    weight, bias = torch.rand(16) + 0.5, torch.randn(16)
+    mean, var = torch.randn(16), torch.rand(16) + 0.5
+    target = placement.target
+    uses_cudnn = cudnn_enabled and placement.target == placement.home == "cuda"
+    with torch.backends.cudnn.flags(enabled=cudnn_enabled):
+        expected = batch_norm_by_kernel(
+            uses_cudnn, *(t.to(target) for t in (x, weight, bias, mean, var, grad))
+        )
+        if target == "cuda":  # the check can tell the two kernels apart
+            other = batch_norm_by_kernel(
+                not uses_cudnn, *(t.cuda() for t in (x, weight, bias, mean, var, grad))
+            )
+            assert not all(torch.equal(a, b) for a, b in zip(expected, other, strict=True))
+        rx, rweight, rbias = (t.to("relay").requires_grad_() for t in (x, weight, bias))
+        rmean, rvar = mean.to("relay"), var.to("relay")
+        out = F.batch_norm(rx, rmean, rvar, rweight, rbias, training=True, eps=1e-5)
+        out.backward(grad.to("relay"))
+    actual = [out, rmean, rvar, rx.grad, rweight.grad, rbias.grad]
+    names = ["output", "running mean", "running var", "input grad", "weight grad", "bias grad"]
+    for name, a, e in zip(names, actual, expected, strict=True):
+        assert torch.equal(a.cpu(), e.cpu()), f"{name} differs from the {target} kernel's"

@@ -118,6 +118,18 @@ TORCH_FALLBACK_API bool has_kernel(const std::string& name, c10::DeviceType devi
 // kernel the fallback's target would choose, not the math path.
 TORCH_FALLBACK_API void register_sdp_choice();
 
+// native_batch_norm and its backward on cuDNN, as eager CUDA runs them, when
+// the fallback targets a GPU and the call's tensors live on it; false (the
+// stack untouched) when they do not.
+TORCH_FALLBACK_API bool run_batch_norm_as_eager_cuda(const BackendAdapter& backend,
+                                                     const c10::OperatorHandle& op,
+                                                     torch::jit::Stack* stack);
+
+template <const BackendAdapter& (*Adapter)()>
+void batch_norm_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (!run_batch_norm_as_eager_cuda(Adapter(), op, stack)) boxed_fallback(Adapter(), op, stack);
+}
+
 template <const BackendAdapter& (*Adapter)()>
 struct CopyKernels {
   static at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
@@ -134,10 +146,11 @@ struct CopyKernels {
 
 // Everything torch-fallback can give a backend besides the fallback itself,
 // for TORCH_LIBRARY_IMPL(aten, <key>, m): the views, _copy_from and
-// _copy_from_and_resize, the ops run whole, and (for PrivateUse1) the choice of
-// the fused attention kernel. The backend still owns its memory:
-// empty.memory_format, empty_strided and resize_. Call it after registering
-// the backend's own kernels: it leaves those in place.
+// _copy_from_and_resize, the ops run whole, batch norm on cuDNN where eager
+// CUDA would take it, and (for PrivateUse1) the choice of the fused attention
+// kernel. The backend still owns its memory: empty.memory_format, empty_strided
+// and resize_. Call it after registering the backend's own kernels: it leaves
+// those in place.
 template <const BackendAdapter& (*Adapter)()>
 void register_kernels(torch::Library& aten) {
   detail::register_math_bit_fallthroughs();
@@ -145,6 +158,11 @@ void register_kernels(torch::Library& aten) {
   register_view_kernels(aten);
   aten.impl("_copy_from", TORCH_FN(detail::CopyKernels<Adapter>::copy_from));
   aten.impl("_copy_from_and_resize", TORCH_FN(detail::CopyKernels<Adapter>::copy_from_and_resize));
+  for (const char* name : {"native_batch_norm", "native_batch_norm_backward"}) {
+    if (detail::has_kernel(name, Adapter().device_type)) continue;
+    aten.impl(name,
+              torch::CppFunction::makeFromBoxedFunction<&detail::batch_norm_kernel<Adapter>>());
+  }
   for (const std::string& name : ops_run_whole()) {
     // The backend's own kernels, registered before this call, win.
     if (detail::has_kernel(name, Adapter().device_type)) continue;
