@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -107,6 +108,8 @@ def best_of_rounds(rounds: list[list[dict]]) -> list[dict]:
     merged = []
     for rows in zip(*rounds, strict=True):
         best = dict(rows[0])
+        if "median_ms" in best:
+            best["round_ms"] = [r["median_ms"] for r in rows]
         for key in ("median_ms", "latency_us", "throughput_us"):
             if key in best:
                 best[key] = min(r[key] for r in rows)
@@ -138,6 +141,13 @@ def side_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def paired_ratio(native: dict, relay: dict) -> float | None:
+    """The median over rounds of relay/native, each pair measured back to back: a
+    slowdown of the whole host during a round cancels out."""
+    pairs = list(zip(native.get("round_ms", []), relay.get("round_ms", []), strict=True))
+    return statistics.median(r / n for n, r in pairs) if pairs else None
+
+
 def derive(native: list[dict], relay: list[dict]) -> dict[str, list[dict]]:
     """Pairs each relay row with its native reference."""
     ref = {(r["kind"], r["name"], r.get("dtype"), r["config"]): r for r in native}
@@ -151,6 +161,7 @@ def derive(native: list[dict], relay: list[dict]) -> dict[str, list[dict]]:
                 "model": r["name"], "dtype": r["dtype"], "config": r["config"],
                 "native_ms": n["median_ms"], "relay_ms": r["median_ms"],
                 "ratio": r["median_ms"] / n["median_ms"],
+                "paired_ratio": paired_ratio(n, r),
                 "fallback_calls_per_step": r.get("fallback_calls"),
             })  # fmt: skip
         elif r["kind"] == "op":
@@ -181,17 +192,19 @@ def render(derived: dict[str, list[dict]], meta: dict) -> str:
     ]
     if derived["train"]:
         head = f"{'model':<12} {'dtype':<5} {'relay config':<15} {'native ms':>10} "
-        head += f"{'relay ms':>10} {'ratio':>6} {'fallback calls/step':>20}"
-        lines += ["", "training step (forward + backward + AdamW step), median", head]
+        head += f"{'relay ms':>10} {'ratio':>6} {'paired':>7} {'fallback calls/step':>20}"
+        lines += ["", "training step (forward + backward + AdamW step), median; ratio: of the "
+                  "best rounds, paired: median of the rounds' relay/native", head]  # fmt: skip
         if meta["device"] == "cpu":
             lines.insert(-1, "(bf16: relay autocasts as CUDA does, native CPU by its own policy)")
         lines.append("-" * len(head))
         for d in derived["train"]:
             calls = d["fallback_calls_per_step"]
             calls = "-" if calls is None else calls
+            paired = "-" if d.get("paired_ratio") is None else f"{d['paired_ratio']:.2f}"
             lines.append(
                 f"{d['model']:<12} {d['dtype']:<5} {d['config']:<15} {d['native_ms']:>10.3f} "
-                f"{d['relay_ms']:>10.3f} {d['ratio']:>6.2f} {calls:>20}"
+                f"{d['relay_ms']:>10.3f} {d['ratio']:>6.2f} {paired:>7} {calls:>20}"
             )
     if derived["op"]:
         head = f"{'op':<11} {'relay config':<15} {'native':>7} {'relay':>7} {'+us':>6}   "
