@@ -120,6 +120,17 @@ def test_in_place_op_with_a_broadcast_self_raises_as_in_eager(placement, method,
     assert "broadcast shape" in str(error.value) or "never resizes" in str(error.value)
 
 
+def test_in_place_op_whose_kernel_would_resize_self_is_refused_clearly(placement):
+    """Eager's addbmm_ resizes a broadcastable self to the result's shape; relay
+    refuses to change its tensor's shape, says so, and leaves it as it was."""
+    batch1, batch2 = torch.ones(5, 5, 4), torch.ones(5, 4, 10)
+    for made_by in ("copy", "op"):
+        a = on("relay", torch.ones(1)) if made_by == "copy" else on("relay", torch.ones(1)) * 1
+        with pytest.raises(RuntimeError, match=r"addbmm_ .*never resizes its input"):
+            a.addbmm_(on("relay", batch1), on("relay", batch2))
+        assert a.shape == (1,) and a.cpu().item() == 1.0
+
+
 def test_addr_on_a_0_dim_self_raises_as_in_eager(placement):
     v = torch.ones(3)
     with pytest.raises(RuntimeError, match="2D tensor expected"):

@@ -480,12 +480,30 @@ class FallbackCall {
         op_.callBoxed(stack_);
       }
     } catch (c10::Error& error) {
+      refuse_resized_in_place_argument(error);
       error.add_context("torch_fallback: raised by " + full_name() + " on the " +
                         c10::DeviceTypeName(target_.type(), /*lower_case=*/true) +
                         " fallback target");
       throw;
     }
     if (target_.is_cuda() && cuda_sync() == CudaSync::Device) cuda::device_synchronize();
+  }
+
+  // Some kernels resize an in-place op's self to the broadcast shape (CPU
+  // addbmm_, say); eager lets them, the fallback refuses. Arguments written in
+  // place run on the backend's own storage, which refuses a resize.
+  void refuse_resized_in_place_argument(const c10::Error& error) const {
+    if (error.msg().find("Trying to resize storage that is not resizable") == std::string::npos) {
+      return;
+    }
+    const auto& args = schema_.arguments();
+    for (size_t i : rules_.written_arguments) {
+      if (args[i].is_out() || !originals_[i].isTensor()) continue;
+      TORCH_CHECK(false, "torch_fallback: ", full_name(),
+                  " would change the shape of its in-place argument '", args[i].name(),
+                  "' from ", originals_[i].toTensor().sizes(),
+                  "; an in-place op never resizes its input. Use the out-of-place op instead.");
+    }
   }
 
   // Makes `original` (a backend tensor) hold what the op wrote into `written`.
