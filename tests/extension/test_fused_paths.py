@@ -164,14 +164,15 @@ def batch_norm_by_kernel(cudnn: bool, x, weight, bias, mean, var, grad):
     return [out, mean, var, *grads]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("cudnn_enabled", [True, False], ids=["cudnn-on", "cudnn-off"])
-def test_batch_norm_runs_the_kernels_eager_would(placement, cudnn_enabled):
+def test_batch_norm_runs_the_kernels_eager_would(placement, cudnn_enabled, dtype):
     """Bit for bit: cuDNN's kernels where relay's memory is on the target GPU and
     PyTorch would choose cuDNN, the target's native kernels everywhere else."""
     torch.manual_seed(0)
-    x, grad = torch.randn(8, 16, 12, 12), torch.randn(8, 16, 12, 12)
-    weight, bias = torch.rand(16) + 0.5, torch.randn(16)
-    mean, var = torch.randn(16), torch.rand(16) + 0.5
+    x, grad = torch.randn(8, 16, 12, 12, dtype=dtype), torch.randn(8, 16, 12, 12, dtype=dtype)
+    weight, bias = torch.rand(16, dtype=dtype) + 0.5, torch.randn(16, dtype=dtype)
+    mean, var = torch.randn(16, dtype=dtype), torch.rand(16, dtype=dtype) + 0.5
     target = placement.target
     uses_cudnn = cudnn_enabled and placement.target == placement.home == "cuda"
     with torch.backends.cudnn.flags(enabled=cudnn_enabled):

@@ -13,6 +13,7 @@
 #include <ATen/ops/cudnn_batch_norm.h>
 #include <ATen/ops/cudnn_batch_norm_backward.h>
 #include <ATen/ops/empty.h>
+#include <c10/util/SmallVector.h>
 
 #include "metrics.h"
 #include "op_rules.h"
@@ -69,7 +70,7 @@ class OnTarget {
   }
 
   const BackendAdapter& backend_;
-  std::vector<at::Tensor> views_;
+  c10::SmallVector<at::Tensor, 7> views_;  // at most 7 tensor arguments: no allocation
   std::optional<c10::Device> device_;
   c10::DeviceIndex index_ = 0;
   bool usable_ = true;
