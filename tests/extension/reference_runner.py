@@ -99,6 +99,56 @@ class Bags(nn.Module):
         return self.head(self.bag(indices, offsets))
 
 
+class Decoder(nn.Module):
+    """conv, GroupNorm, GELU, transposed conv, bilinear upsampling, LayerNorm, a residual."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.norm = nn.GroupNorm(2, 8)
+        self.up = nn.ConvTranspose2d(8, 4, 2, stride=2)
+        self.mix = nn.Conv2d(4, 3, 1)
+        self.layer_norm = nn.LayerNorm(3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.gelu(self.norm(self.down(x)))
+        y = self.mix(self.up(y)) + F.interpolate(
+            F.avg_pool2d(x, 2), scale_factor=2.0, mode="bilinear", align_corners=False
+        )
+        return self.layer_norm(y.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class Mlp(nn.Module):
+    """Linear layers with SiLU and a log-softmax head: the optimizer cases' model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(6, 16), nn.SiLU(), nn.Linear(16, 16), nn.Tanh())
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.log_softmax(self.head(self.layers(x)), dim=-1)
+
+
+# Optimizer cases: the MLP trained by each, foreach or fused as a user would pick.
+OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
+    "adamw-amsgrad-clipped": lambda p: torch.optim.AdamW(p, lr=1e-2, amsgrad=True, foreach=True),
+    "adam-fused": lambda p: torch.optim.Adam(p, lr=1e-2, weight_decay=1e-3, fused=True),
+    "sgd-nesterov": lambda p: torch.optim.SGD(
+        p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3, foreach=True
+    ),
+    "rmsprop-centered": lambda p: torch.optim.RMSprop(
+        p, lr=1e-2, centered=True, momentum=0.5, foreach=True
+    ),
+    "adagrad": lambda p: torch.optim.Adagrad(p, lr=1e-1, lr_decay=1e-2, foreach=True),
+    "nadam": lambda p: torch.optim.NAdam(p, lr=1e-2, foreach=True),
+    "radam": lambda p: torch.optim.RAdam(
+        p, lr=1e-2, decoupled_weight_decay=True, weight_decay=1e-2, foreach=True
+    ),
+    "adamax": lambda p: torch.optim.Adamax(p, lr=1e-2, foreach=True),
+}
+
+
 def build(name: str) -> nn.Module:
     """The model of a case, float64, weights from the current RNG state."""
     models: dict[str, Callable[[], nn.Module]] = {
@@ -107,6 +157,8 @@ def build(name: str) -> nn.Module:
         "transformer": Encoder,
         "embedding_bag": lambda: Bags(sparse=False),
         "embedding_bag_sparse": lambda: Bags(sparse=True),
+        "decoder": Decoder,
+        **{f"mlp-{optimizer}": Mlp for optimizer in OPTIMIZERS},
     }
     return models[name]().to(DTYPE)
 
@@ -132,6 +184,12 @@ def make_case(name: str) -> tuple[nn.Module, dict[str, Any]]:
         mask = torch.tensor([[False] * 5, [False] * 3 + [True] * 2, [False] * 4 + [True]])
         batches = [(randn(3, 5, 16), mask, randn(3, 3)) for _ in range(STEPS)]
         return model, {"batches": batches, "eval": (randn(3, 5, 16), mask)}
+    if name == "decoder":
+        batches = [(randn(2, 3, 8, 8), randn(2, 3, 8, 8)) for _ in range(STEPS)]
+        return model, {"batches": batches, "eval": (randn(1, 3, 8, 8),)}
+    if name.startswith("mlp-"):
+        batches = [(randn(5, 6), torch.randint(0, 4, (5,), generator=gen)) for _ in range(STEPS)]
+        return model, {"batches": batches, "eval": (randn(2, 6),)}
     if name.startswith("embedding_bag"):
         offsets = torch.tensor([0, 3, 4, 8])
         batches = [
@@ -154,6 +212,10 @@ def _cpu(value: torch.Tensor) -> torch.Tensor:
 
 
 def _optimizer(name: str, model: nn.Module) -> torch.optim.Optimizer:
+    if name.startswith("mlp-"):
+        return OPTIMIZERS[name.removeprefix("mlp-")](model.parameters())
+    if name == "decoder":
+        return torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
     if name == "recurrent" or name == "transformer":
         return torch.optim.Adam(model.parameters(), lr=1e-2)
     return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -163,6 +225,12 @@ def _loss(name: str, model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch
     if name == "cnn":
         x, target = batch
         return F.cross_entropy(model(x), target)
+    if name.startswith("mlp-"):
+        x, target = batch
+        return F.nll_loss(model(x), target)
+    if name == "decoder":
+        x, target = batch
+        return F.smooth_l1_loss(model(x), target)
     if name == "recurrent":
         x, target = batch
         return F.mse_loss(model(x), target)
@@ -197,6 +265,8 @@ def train(name: str, model: nn.Module, inputs: dict[str, Any], device: str) -> d
         optimizer.zero_grad()
         loss = _loss(name, model, _to(batch, device))
         loss.backward()
+        if name in ("decoder", "mlp-adamw-amsgrad-clipped"):
+            nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.5, foreach=True)
         optimizer.step()
         losses.append(_cpu(loss))
     devices = {p.device.type for p in model.parameters()}

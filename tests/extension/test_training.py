@@ -15,7 +15,7 @@ import math
 
 import pytest
 import torch
-from reference_runner import STEPS, make_case, run_reference, train
+from reference_runner import OPTIMIZERS, STEPS, make_case, run_reference, train
 
 import torch_fallback.relay  # noqa: F401  (registers the relay device)
 
@@ -103,3 +103,15 @@ def test_embedding_bag_sparse_gradients_match_or_are_refused_clearly(placement, 
     )
     assert_matches(got, expected, placement)
     assert all(math.isfinite(loss.item()) for loss in got["losses"])
+
+
+def test_decoder_with_group_norm_transposed_conv_and_upsampling(placement, tmp_path):
+    got, expected = train_both("decoder", placement, tmp_path)
+    assert_matches(got, expected, placement)
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_optimizers_foreach_and_fused(optimizer, placement, tmp_path):
+    """Each optimizer's foreach or fused path (and gradient clipping) steps as eager does."""
+    got, expected = train_both(f"mlp-{optimizer}", placement, tmp_path)
+    assert_matches(got, expected, placement)

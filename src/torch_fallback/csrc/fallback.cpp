@@ -442,12 +442,16 @@ class FallbackCall {
       if (arg.isTensor()) {
         arg = schema_args[i].is_out() ? out_to_target(arg.toTensor()) : to_target(arg.toTensor());
       } else if (arg.isTensorList()) {
+        const auto tensors = arg.toTensorList();
         c10::List<at::Tensor> moved;
-        for (const at::Tensor& tensor : arg.toTensorList()) moved.push_back(to_target(tensor));
+        moved.reserve(tensors.size());
+        for (const at::Tensor& tensor : tensors) moved.push_back(to_target(tensor));
         arg = std::move(moved);
       } else if (arg.isOptionalTensorList()) {
+        const auto tensors = arg.toOptionalTensorList();
         c10::List<std::optional<at::Tensor>> moved;
-        for (const std::optional<at::Tensor>& tensor : arg.toOptionalTensorList()) {
+        moved.reserve(tensors.size());
+        for (const std::optional<at::Tensor>& tensor : tensors) {
           moved.push_back(tensor ? std::optional<at::Tensor>(to_target(*tensor)) : tensor);
         }
         arg = std::move(moved);
@@ -609,8 +613,10 @@ class FallbackCall {
       } else if (value.isTensor()) {
         value = to_backend(value.toTensor());
       } else if (value.isTensorList()) {
+        const auto tensors = value.toTensorList();
         c10::List<at::Tensor> moved;
-        for (const at::Tensor& tensor : value.toTensorList()) moved.push_back(to_backend(tensor));
+        moved.reserve(tensors.size());
+        for (const at::Tensor& tensor : tensors) moved.push_back(to_backend(tensor));
         value = std::move(moved);
       }
     }
