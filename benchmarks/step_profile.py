@@ -3,7 +3,8 @@
 For one model and dtype of training_workloads.py, each side (its own process; the
 native side never imports torch_fallback, pytorch/pytorch#161129) reports:
   wall       median ms of a step, synchronized
-  host       median ms to issue a step (no synchronize; the GPU may still run)
+  host       median ms to issue a step (no synchronize; the GPU may still run), and of
+             each phase: zero_grad, forward, backward, optimizer step
   gpu        ms of GPU kernels per step and their count (torch.profiler, CUDA only)
   kernels    the GPU kernels by total time, to spot a different kernel choice
   ops        host time per aten op (self CPU time, torch.profiler)
@@ -16,6 +17,7 @@ native side never imports torch_fallback, pytorch/pytorch#161129) reports:
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import subprocess
@@ -28,17 +30,22 @@ import training_workloads as workloads
 TOP = 12
 
 
-def issue_and_wall_ms(step, sync, repeats: int) -> tuple[float, float]:
-    issue, wall = [], []
+PHASES = ("zero_grad", "forward", "backward", "optimizer")
+
+
+def issue_and_wall_ms(step, sync, repeats: int) -> dict[str, float]:
+    """Median ms to issue a step and to finish it, and to issue each of its phases."""
+    samples: dict[str, list[float]] = {key: [] for key in ("issue_ms", "wall_ms", *PHASES)}
     for _ in range(repeats):
         sync()
-        start = time.perf_counter()
-        step()
-        issued = time.perf_counter()
+        marks = [time.perf_counter()]
+        step(marks)
         sync()
-        issue.append((issued - start) * 1e3)
-        wall.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(issue), statistics.median(wall)
+        samples["wall_ms"].append((time.perf_counter() - marks[0]) * 1e3)
+        samples["issue_ms"].append((marks[-1] - marks[0]) * 1e3)
+        for phase, (begin, end) in zip(PHASES, itertools.pairwise(marks), strict=True):
+            samples[phase].append((end - begin) * 1e3)
+    return {key: statistics.median(values) for key, values in samples.items()}
 
 
 def profile(step, sync, uses_cuda: bool, steps: int) -> dict:
@@ -83,8 +90,7 @@ def side_main(args: argparse.Namespace) -> int:
     spec = {"name": args.model, "dtype": args.dtype, "device": device, "config": args.side}
     sync = workloads.make_sync(uses_cuda)
     _, step = workloads.train_step(spec, args, sync)  # warms up for args.budget seconds
-    issue, wall = issue_and_wall_ms(step, sync, args.repeats)
-    row = {"side": args.side, "issue_ms": issue, "wall_ms": wall}
+    row = {"side": args.side, **issue_and_wall_ms(step, sync, args.repeats)}
     row |= profile(step, sync, uses_cuda, steps=3)
     if fallback is not None:
         fallback.reset_metrics()
@@ -109,8 +115,9 @@ def render(rows: dict[str, dict], meta: dict) -> str:
     native, relay = rows["native"], rows["relay"]
     lines = [f"{meta['model']} {meta['dtype']}, device {meta['device']}, torch {meta['torch']}"]
     lines.append(f"{'per step':<34}{'native':>10}{'relay':>10}{'relay-native':>14}")
+    phases = [(phase, f"  of which {phase.replace('_', ' ')}") for phase in PHASES]
     for key, label in [("wall_ms", "wall ms (synchronized)"), ("issue_ms", "host ms to issue"),
-                       ("gpu_ms", "GPU kernel ms"), ("gpu_kernels", "GPU kernels"),
+                       *phases, ("gpu_ms", "GPU kernel ms"), ("gpu_kernels", "GPU kernels"),
                        ("ops_total_ms", "aten self CPU ms (profiled)")]:  # fmt: skip
         a, b = native[key], relay[key]
         if key.startswith("gpu") and not relay["gpu_kernels"]:

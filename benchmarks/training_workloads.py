@@ -104,7 +104,7 @@ def transformer(small: bool) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
 MODELS = {"cnn": cnn, "transformer": transformer}
 
 
-def train_step(spec: dict, args, sync: Callable[[], None]) -> tuple[dict, Callable[[], None]]:
+def train_step(spec: dict, args, sync: Callable[[], None]) -> tuple[dict, Callable[..., None]]:
     torch.manual_seed(0)
     model, inputs, labels = MODELS[spec["name"]](args.small)
     device = spec["device"]
@@ -114,12 +114,18 @@ def train_step(spec: dict, args, sync: Callable[[], None]) -> tuple[dict, Callab
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
     low = spec["dtype"] == "bf16"
 
-    def step() -> None:
+    def step(marks: list[float] | None = None) -> None:
+        """One step; `marks` (step_profile's phases) gets a time after each phase."""
+        mark = marks.append if marks is not None else (lambda _: None)
         optimizer.zero_grad(set_to_none=True)
+        mark(time.perf_counter())
         with torch.autocast(device, dtype=torch.bfloat16, enabled=low):
             loss = nn.functional.cross_entropy(model(inputs), labels)
+        mark(time.perf_counter())
         loss.backward()
+        mark(time.perf_counter())
         optimizer.step()
+        mark(time.perf_counter())
 
     ms, repeats = median_ms(step, sync, args.budget, warmup=3, min_repeats=5, max_repeats=200)
     log(f"train {spec['name']:<12} {spec['dtype']} {spec['config']:<15} {ms:9.3f} ms")
