@@ -66,7 +66,9 @@ def run_sample(
             record["grads"] = S.fetch(list(grads), side, perturb in ("all", "grads"))
     except Exception as error:
         return {"error": S.first_line(error)}
-    record["out"] = S.fetch(out, side, perturb in ("all", "outputs"))
+    record["out"] = S.drop_undefined_values(
+        op.name, S.fetch(out, side, perturb in ("all", "outputs"))
+    )
     pinned = memo.get("pinned", set())
     record["args"] = S.fetch((args, kwargs), side, perturb in ("all", "arguments"), pinned)
     return record

@@ -92,3 +92,38 @@ def test_command_line_self_test(tmp_path):
     document = json.loads(out.read_text())
     assert document["summary"]["entries_passed"] == document["summary"]["entries"] == 2
     assert {t["phase"] for t in document["tasks"]} == {"forward", "inplace"}
+
+
+def test_uninitialized_outputs_compare_metadata_only(sweep):
+    """The attention kernels' philox seed and offset are uninitialized memory without
+    dropout: their values are not compared, their metadata and every other output are."""
+    import torch
+
+    samples, _ = sweep
+    from sweep import check
+
+    def leaves(first: float, seed: int) -> list[dict]:
+        # output, logsumexp, philox seed and offset, as _flash_attention_forward returns them
+        values = [torch.tensor([first]), torch.tensor([0.5]), torch.tensor([seed, seed])]
+        return [
+            {"device": "cpu", "dtype": str(v.dtype), "shape": list(v.shape), "layout": "strided",
+             "quantized": False, "nested": False, "value": v}
+            for v in [*values, torch.tensor([seed])]
+        ]  # fmt: skip
+
+    name = "torch.ops.aten._flash_attention_forward"
+    want = samples.drop_undefined_values(name, leaves(1.0, 7))
+    assert check.compare_leaves(want, samples.drop_undefined_values(name, leaves(1.0, 9)),
+                                None, True, "values") is None  # fmt: skip
+    wrong_first = check.compare_leaves(
+        want, samples.drop_undefined_values(name, leaves(2.0, 7)), None, True, "values"
+    )
+    assert wrong_first is not None and wrong_first[2].startswith("values #0")
+    seed_of_another_op = check.compare_leaves(
+        samples.drop_undefined_values("add", leaves(1.0, 7)),
+        samples.drop_undefined_values("add", leaves(1.0, 9)),
+        None,
+        True,
+        "values",
+    )
+    assert seed_of_another_op is not None and seed_of_another_op[2].startswith("values #2")
