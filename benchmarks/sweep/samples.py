@@ -39,8 +39,9 @@ UNDEFINED_VALUES = (
     "resize_as_",
 )
 
-# Outputs (by index among the flattened outputs) that are uninitialized memory: the
-# attention kernels' philox seed and offset when no dropout draws from them.
+# Outputs (by index among the flattened outputs) whose values are not comparable: the
+# attention kernels' philox seed and offset, uninitialized memory without dropout and the
+# generator's state with it.
 UNDEFINED_OUTPUTS = {
     "torch.ops.aten._flash_attention_forward": (2, 3),
     "torch.ops.aten._efficient_attention_forward": (2, 3),

@@ -149,6 +149,10 @@ OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
 }
 
 
+# Cases that clip the gradients (clip_grad_norm_, foreach) before each optimizer step.
+CLIPPED = ("decoder", "mlp-adamw-amsgrad-clipped")
+
+
 def build(name: str) -> nn.Module:
     """The model of a case, float64, weights from the current RNG state."""
     models: dict[str, Callable[[], nn.Module]] = {
@@ -265,7 +269,7 @@ def train(name: str, model: nn.Module, inputs: dict[str, Any], device: str) -> d
         optimizer.zero_grad()
         loss = _loss(name, model, _to(batch, device))
         loss.backward()
-        if name in ("decoder", "mlp-adamw-amsgrad-clipped"):
+        if name in CLIPPED:
             nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.5, foreach=True)
         optimizer.step()
         losses.append(_cpu(loss))
