@@ -272,3 +272,28 @@ def test_storage_clone(placement):
     copy = x.untyped_storage().clone()
     assert copy.device.type == "relay"
     assert_matches(torch.empty(0, device="relay").set_(copy), torch.arange(5.0))
+
+
+def test_target_tensors_carry_nothing_from_one_call_to_the_next(placement):
+    # Each thread reuses the TensorImpls of finished calls for the next call's
+    # target tensors: none may keep the dtype, geometry, offset or lazy bits of
+    # the tensor it served before.
+    base = torch.randn(6, 8, dtype=torch.complex64)
+    cases = [
+        lambda t: t[1:, ::2].abs(),
+        lambda t: t.conj().mul(2),
+        lambda t: t.real.t().contiguous(),
+        lambda t: torch._neg_view(t.imag)[2].exp(),
+        lambda t: (t.real[0, 0] + 1).sin(),
+        lambda t: t.to(torch.complex128)[3:5, 1:7:3].sqrt(),
+        lambda t: t.real.to(torch.int64)[:, 2:4].mul(3),
+        lambda t: t.real[:0].cos(),
+    ]
+    on_relay = relay(base)
+    for _ in range(3):
+        for case in [*cases, *reversed(cases)]:
+            expected = case(base)
+            actual = case(on_relay)
+            assert actual.dtype == expected.dtype and actual.shape == expected.shape
+            assert_matches(actual.resolve_conj().resolve_neg(), expected.resolve_conj().resolve_neg())
+

@@ -46,6 +46,23 @@ def test_eight_threads_get_eager_results_and_exact_metrics():
         assert metrics[op].calls == THREADS * ROUNDS, (op, metrics[op])
 
 
+@pytest.mark.requires_cuda
+def test_target_tensors_of_finished_calls_hold_no_gpu_memory():
+    # The fallback reuses the TensorImpls of finished calls: each must let go of
+    # the memory it viewed when its call ends, or freed relay tensors would not be.
+    torch_fallback.set_target("cuda")
+    torch_fallback.relay.set_home("cuda")
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    xs = [torch.randn(1 << 18).to("relay") for _ in range(8)]
+    torch._foreach_add_(xs, 1.0)
+    sums = [x.sum() for x in xs]
+    assert torch_fallback.metrics()["aten::_foreach_add_.Scalar"].calls_cuda == 1
+    del xs, sums
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
+
+
 def test_extension_built_for_another_torch_raises_a_clear_import_error(tmp_path):
     installed = Path(torch_fallback.__file__).parent
     copy = tmp_path / "torch_fallback"

@@ -14,7 +14,11 @@
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch_fallback/cuda.h>
+
+#include <thread>
+#include <typeinfo>
 
 #include "decompositions.h"
 #include "metrics.h"
@@ -67,6 +71,100 @@ struct StorageCopy {
   int64_t first_byte;    // the backend storage's byte that its byte 0 holds
 };
 
+// The target tensors of a call are made by the hundred in a training step (a
+// _foreach_ op's lists) and dropped when the call ends. Each thread keeps the
+// TensorImpls its calls dropped and sets them up again for the next call,
+// instead of allocating, constructing and destroying one per tensor.
+class TargetImplPool {
+  using Impl = c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+
+ public:
+  // This thread's pool, or none where target tensors must be made as usual:
+  // inference tensors, and tensors Python dispatch modes may keep.
+  static TargetImplPool* for_this_call() {
+    if (c10::InferenceMode::is_enabled() || c10::impl::TorchDispatchModeTLS::any_modes_set()) {
+      return nullptr;
+    }
+    thread_local TargetImplPool pool;
+    return &pool;
+  }
+
+  ~TargetImplPool() {
+    // The main thread's pool goes after Python has finalized: an impl that a
+    // Python kernel once wrapped must not touch its PyObject then.
+    if (std::this_thread::get_id() != main_thread_id()) return;
+    for (auto* parked : {&cpu_, &cuda_}) {
+      for (auto& impl : *parked) impl.release();
+    }
+  }
+
+  // A CPU or CUDA tensor over `storage` with the geometry of `like` (tensor_over's).
+  at::Tensor take(const c10::Storage& storage, c10::Device device, const at::Tensor& like) {
+    auto& parked = device.is_cuda() ? cuda_ : cpu_;
+    if (parked.empty()) return tensor_over(storage, device, like);
+    Impl impl = std::move(parked.back());
+    parked.pop_back();
+    impl->set_storage_and_dtype(storage, like.dtype());
+    impl->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+    impl->_set_conj(like.is_conj());
+    impl->_set_neg(like.is_neg());
+    return at::Tensor(std::move(impl));
+  }
+
+  // Keeps `tensor`'s TensorImpl for a later call when nothing else holds it
+  // and no kernel gave it state a fresh one lacks.
+  void park(at::Tensor&& tensor) {
+    if (!tensor.defined() || tensor.use_count() != 1 || tensor.weak_use_count() != 1) return;
+    c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
+    const bool cuda = impl->is_cuda();
+    auto& parked = cuda ? cuda_ : cpu_;
+    if (parked.size() >= kCapacity || typeid(*impl) != typeid(c10::TensorImpl) ||
+        impl->key_set().remove(c10::DispatchKey::Conjugate).remove(c10::DispatchKey::Negative) !=
+            plain_keys(cuda) ||
+        impl->autograd_meta() != nullptr ||
+        impl->get_backend_meta() != nullptr ||
+        impl->is_wrapped_number() || !impl->allow_tensor_metadata_change()) {
+      return;
+    }
+    impl->set_storage_keep_dtype(cuda ? empty_cuda_ : empty_cpu_);  // frees no memory late
+    parked.push_back(tensor.unsafeReleaseIntrusivePtr());
+  }
+
+  static void note_main_thread() { main_thread_id(); }
+
+ private:
+  static constexpr size_t kCapacity = 1024;
+
+  static std::thread::id main_thread_id() {
+    static const std::thread::id id = std::this_thread::get_id();
+    return id;
+  }
+
+  static c10::Storage empty_storage(c10::Device device) {
+    return c10::Storage(c10::Storage::use_byte_size_t(), 0, c10::DataPtr(nullptr, device),
+                        /*allocator=*/nullptr, /*resizable=*/false);
+  }
+
+  // The dispatch keys of a TensorImpl as tensor_over makes it, lazy bits aside.
+  static c10::DispatchKeySet plain_keys(bool cuda) {
+    static const auto keys_on = [](c10::Device device, c10::DispatchKey key) {
+      return at::detail::make_tensor<c10::TensorImpl>(empty_storage(device),
+                                                      c10::DispatchKeySet(key),
+                                                      caffe2::TypeMeta::Make<float>())
+          .key_set();
+    };
+    static const c10::DispatchKeySet cpu = keys_on(c10::Device(c10::kCPU), c10::DispatchKey::CPU);
+    static const c10::DispatchKeySet on_cuda =
+        keys_on(c10::Device(c10::kCUDA, 0), c10::DispatchKey::CUDA);
+    return cuda ? on_cuda : cpu;
+  }
+
+  std::vector<Impl> cpu_;
+  std::vector<Impl> cuda_;
+  c10::Storage empty_cpu_ = empty_storage(c10::Device(c10::kCPU));
+  c10::Storage empty_cuda_ = empty_storage(c10::Device(c10::kCUDA, 0));
+};
+
 // One run of one op through the fallback.
 class FallbackCall {
  public:
@@ -77,6 +175,15 @@ class FallbackCall {
         op_(op),
         stack_(stack),
         rules_(op_rules(op)) {}
+
+  ~FallbackCall() {
+    if (pool_ == nullptr) return;
+    on_target_.clear();  // the last holders of the target tensors besides targets_
+    for (auto& entry : targets_) pool_->park(std::move(entry.second));
+  }
+
+  FallbackCall(const FallbackCall&) = delete;
+  FallbackCall& operator=(const FallbackCall&) = delete;
 
   void run() {
     const auto start = Clock::now();
@@ -403,7 +510,11 @@ class FallbackCall {
     }
     const c10::Storage& home = home_storage(tensor.storage());
     const c10::Device device = home.device();
-    if (device == target_) return targets_.insert(key, tensor_over(home, device, tensor));
+    if (device == target_) {
+      at::Tensor view =
+          pool_ != nullptr ? pool_->take(home, device, tensor) : tensor_over(home, device, tensor);
+      return targets_.insert(key, std::move(view));
+    }
     return targets_.insert(key, copy_to_target(tensor, device));
   }
 
@@ -436,6 +547,12 @@ class FallbackCall {
     const size_t num_args = schema_.arguments().size();
     const size_t first = stack_->size() - num_args;
     originals_.assign(stack_->begin() + first, stack_->end());
+    size_t tensors = 0;
+    for (const c10::IValue& arg : originals_) {
+      tensors += arg.isTensor() ? 1 : (arg.isList() ? arg.toListRef().size() : 0);
+    }
+    targets_.reserve(tensors);  // a _foreach_ op's lists would grow them step by step
+    home_storages_.reserve(tensors);
     const auto& schema_args = schema_.arguments();
     for (size_t i = 0; i < num_args; ++i) {
       c10::IValue& arg = (*stack_)[first + i];
@@ -627,6 +744,7 @@ class FallbackCall {
   const c10::OperatorHandle& op_;
   torch::jit::Stack* stack_;
   const OpRules& rules_;
+  TargetImplPool* const pool_ = TargetImplPool::for_this_call();
 
   std::optional<c10::DeviceIndex> backend_index_;
   bool nested_ = false;  // a nested tensor among the arguments
@@ -642,6 +760,9 @@ class FallbackCall {
   c10::SmallVector<c10::IValue, 8> on_target_;
   metrics::Call call_;
 };
+
+// The library loads on the thread that imports it, the main thread.
+const bool g_main_thread_noted = (TargetImplPool::note_main_thread(), true);
 
 }  // namespace
 

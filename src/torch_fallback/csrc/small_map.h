@@ -24,6 +24,13 @@ class SmallMap {
     return nullptr;
   }
 
+  // Room for `count` entries without growing.
+  void reserve(size_t count) {
+    if (count <= N) return;
+    entries_.reserve(count);
+    if (count > kLinear) index_.reserve(count);
+  }
+
   // References into the map last until the next insert.
   Value& insert(const Key& key, Value value) {
     entries_.emplace_back(key, std::move(value));
