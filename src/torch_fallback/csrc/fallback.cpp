@@ -191,8 +191,9 @@ class FallbackCall {
       refuse_unservable();
       find_backend_device();
       choose_target();
+      // With one GPU visible it is the current device already: no need to ask CUDA.
       std::optional<cuda::DeviceScope> cuda_scope;
-      if (target_.is_cuda()) cuda_scope.emplace(target_.index());
+      if (target_.is_cuda() && cuda::device_count() > 1) cuda_scope.emplace(target_.index());
       find_resizable_storages();
       move_arguments_to_target();
       call_op();
