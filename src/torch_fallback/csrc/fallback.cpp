@@ -18,7 +18,6 @@
 #include <torch_fallback/cuda.h>
 
 #include <thread>
-#include <typeinfo>
 
 #include "decompositions.h"
 #include "metrics.h"
@@ -118,7 +117,8 @@ class TargetImplPool {
     c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
     const bool cuda = impl->is_cuda();
     auto& parked = cuda ? cuda_ : cpu_;
-    if (parked.size() >= kCapacity || typeid(*impl) != typeid(c10::TensorImpl) ||
+    // The key set tells a plain TensorImpl from its subclasses (nested, sparse, ...).
+    if (parked.size() >= kCapacity ||
         impl->key_set().remove(c10::DispatchKey::Conjugate).remove(c10::DispatchKey::Negative) !=
             plain_keys(cuda) ||
         impl->autograd_meta() != nullptr ||
