@@ -295,5 +295,5 @@ def test_target_tensors_carry_nothing_from_one_call_to_the_next(placement):
             expected = case(base)
             actual = case(on_relay)
             assert actual.dtype == expected.dtype and actual.shape == expected.shape
-            assert_matches(actual.resolve_conj().resolve_neg(), expected.resolve_conj().resolve_neg())
-
+            resolved = actual.resolve_conj().resolve_neg()
+            assert_matches(resolved, expected.resolve_conj().resolve_neg())
