@@ -288,6 +288,8 @@ def test_target_tensors_carry_nothing_from_one_call_to_the_next(placement):
         lambda t: t.to(torch.complex128)[3:5, 1:7:3].sqrt(),
         lambda t: t.real.to(torch.int64)[:, 2:4].mul(3),
         lambda t: t.real[:0].cos(),
+        lambda t: t.real.clone().add_(1)[::2],
+        lambda t: torch.mul(t.real[:, :3], 2, out=t.real.new_empty(6, 3)),
     ]
     on_relay = relay(base)
     for _ in range(3):

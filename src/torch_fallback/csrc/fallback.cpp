@@ -53,6 +53,17 @@ std::pair<int64_t, int64_t> byte_extent(const at::Tensor& tensor) {
 
 void release_storage_reference(void* ctx) { delete static_cast<c10::Storage*>(ctx); }
 
+// Gives `impl` the geometry of `like`; lazy conjugation and negation travel as
+// bits, not data.
+void take_geometry(c10::TensorImpl* impl, const at::Tensor& like) {
+  impl->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+  impl->_set_conj(like.is_conj());
+  impl->_set_neg(like.is_neg());
+}
+
+// The thread that loads the library: the main thread, which imports it.
+const std::thread::id g_loading_thread = std::this_thread::get_id();
+
 // A resizable storage over `home`'s bytes that keeps `backend` (whose memory
 // they are) alive; a resize gives it new memory and leaves both untouched.
 c10::Storage resizable_alias(const c10::Storage& backend, const c10::Storage& home) {
@@ -91,7 +102,7 @@ class TargetImplPool {
   ~TargetImplPool() {
     // The main thread's pool goes after Python has finalized: an impl that a
     // Python kernel once wrapped must not touch its PyObject then.
-    if (std::this_thread::get_id() != main_thread_id()) return;
+    if (std::this_thread::get_id() != g_loading_thread) return;
     for (auto* parked : {&cpu_, &cuda_}) {
       for (auto& impl : *parked) impl.release();
     }
@@ -104,9 +115,7 @@ class TargetImplPool {
     Impl impl = std::move(parked.back());
     parked.pop_back();
     impl->set_storage_and_dtype(storage, like.dtype());
-    impl->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
-    impl->_set_conj(like.is_conj());
-    impl->_set_neg(like.is_neg());
+    take_geometry(impl.get(), like);
     return at::Tensor(std::move(impl));
   }
 
@@ -130,15 +139,8 @@ class TargetImplPool {
     parked.push_back(tensor.unsafeReleaseIntrusivePtr());
   }
 
-  static void note_main_thread() { main_thread_id(); }
-
  private:
   static constexpr size_t kCapacity = 1024;
-
-  static std::thread::id main_thread_id() {
-    static const std::thread::id id = std::this_thread::get_id();
-    return id;
-  }
 
   static c10::Storage empty_storage(c10::Device device) {
     return c10::Storage(c10::Storage::use_byte_size_t(), 0, c10::DataPtr(nullptr, device),
@@ -147,7 +149,7 @@ class TargetImplPool {
 
   // The dispatch keys of a TensorImpl as tensor_over makes it, lazy bits aside.
   static c10::DispatchKeySet plain_keys(bool cuda) {
-    static const auto keys_on = [](c10::Device device, c10::DispatchKey key) {
+    const auto keys_on = [](c10::Device device, c10::DispatchKey key) {
       return at::detail::make_tensor<c10::TensorImpl>(empty_storage(device),
                                                       c10::DispatchKeySet(key),
                                                       caffe2::TypeMeta::Make<float>())
@@ -762,20 +764,13 @@ class FallbackCall {
   metrics::Call call_;
 };
 
-// The library loads on the thread that imports it, the main thread.
-const bool g_main_thread_noted = (TargetImplPool::note_main_thread(), true);
-
 }  // namespace
 
 at::Tensor tensor_over(const c10::Storage& storage, c10::Device device, const at::Tensor& like) {
   const auto key = device.is_cuda() ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU;
   auto tensor = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage),
                                                          c10::DispatchKeySet(key), like.dtype());
-  tensor.unsafeGetTensorImpl()->set_sizes_and_strides(like.sizes(), like.strides(),
-                                                       like.storage_offset());
-  // Lazy conjugation and negation travel as bits, not data.
-  tensor._set_conj(like.is_conj());
-  tensor._set_neg(like.is_neg());
+  take_geometry(tensor.unsafeGetTensorImpl(), like);
   return tensor;
 }
 
