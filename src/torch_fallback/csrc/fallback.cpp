@@ -74,6 +74,50 @@ c10::Storage resizable_alias(const c10::Storage& backend, const c10::Storage& ho
                       c10::GetAllocator(device.type()), /*resizable=*/true);
 }
 
+// The target an op runs on before its kernels are looked at: the CPU op list,
+// then the target setting; 'auto' takes the GPU where the op has a kernel there.
+Target wanted_target(const OpRules& rules, bool nested) {
+  const Target wanted = rules.forced_to_cpu() ? Target::Cpu : target();
+  if (wanted != Target::Auto) return wanted;
+  const bool has_cuda_kernel = nested ? rules.has_nested_cuda_kernel : rules.has_cuda_kernel;
+  return cuda::device_count() > 0 && has_cuda_kernel ? Target::Cuda : Target::Cpu;
+}
+
+void add_target_context(c10::Error& error, const OpRules& rules, c10::Device target) {
+  error.add_context("torch_fallback: raised by " + rules.full_name + " on the " +
+                    c10::DeviceTypeName(target.type(), /*lower_case=*/true) + " fallback target");
+}
+
+std::string device_type_name(c10::DeviceType type) {
+  return c10::DeviceTypeName(type, /*lower_case=*/true);
+}
+
+// The backend device of a call: its tensors', else the current one.
+c10::DeviceIndex backend_device_index(const BackendAdapter& backend,
+                                      std::optional<c10::DeviceIndex> of_tensors) {
+  if (of_tensors && *of_tensors >= 0) return *of_tensors;
+  return c10::impl::getDeviceGuardImpl(backend.device_type)->getDevice().index();
+}
+
+// Results a backend tensor cannot be: sparse, quantized and other non-strided ones.
+void check_servable_result(const OpRules& rules, c10::DeviceType backend, const at::Tensor& result) {
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      result.layout() == c10::kStrided && !result.is_quantized(), "torch_fallback: ",
+      rules.full_name, " returned a ", result.is_quantized() ? "quantized" : "non-strided",
+      " tensor (", result.toString(), "), which ", device_type_name(backend),
+      " tensors cannot be. Run it on CPU or CUDA tensors instead.");
+}
+
+// The backend tensor holding a result on its home device (a zero tensor, which
+// has no memory, gets some there).
+at::Tensor adopt_result(const BackendAdapter& backend, const at::Tensor& result, c10::Device home,
+                        c10::DeviceIndex index) {
+  if (result._is_zerotensor()) {
+    return backend.adopt(at::zeros(result.sizes(), result.options().device(home)), index);
+  }
+  return backend.adopt(result, index);
+}
+
 // Copies of the backend storages an op reads, made once per storage so that
 // arguments which alias each other on the backend alias each other on the target.
 struct StorageCopy {
@@ -219,9 +263,7 @@ class FallbackCall {
   const std::string& full_name() const { return rules_.full_name; }
 
   // For error messages only (TORCH_CHECK evaluates its message on failure).
-  std::string backend_name() const {
-    return c10::DeviceTypeName(backend_.device_type, /*lower_case=*/true);
-  }
+  std::string backend_name() const { return device_type_name(backend_.device_type); }
 
   void finish(Clock::time_point start) {
     call_.on_cuda = target_.is_cuda();
@@ -328,34 +370,25 @@ class FallbackCall {
     }
   }
 
-  c10::DeviceIndex backend_index() const {
-    if (backend_index_ && *backend_index_ >= 0) return *backend_index_;
-    return c10::impl::getDeviceGuardImpl(backend_.device_type)->getDevice().index();
-  }
+  c10::DeviceIndex backend_index() const { return backend_device_index(backend_, backend_index_); }
 
   void choose_target() {
-    Target wanted = rules_.forced_to_cpu() ? Target::Cpu : target();
-    if (wanted != Target::Cpu) {
+    if (wanted_target(rules_, nested_) == Target::Cuda) {
       // Computed: a composite kernel (convolution's, say) serves CUDA too.
       const bool has_cuda_kernel = nested_ ? rules_.has_nested_cuda_kernel : rules_.has_cuda_kernel;
-      if (wanted == Target::Auto) {
-        wanted = cuda::device_count() > 0 && has_cuda_kernel ? Target::Cuda : Target::Cpu;
-      }
-      if (wanted == Target::Cuda) {
-        cuda::check_usable("the CUDA fallback target", full_name());
-        TORCH_CHECK_NOT_IMPLEMENTED(
-            has_cuda_kernel, "torch_fallback: ", full_name(),
-            " has no CUDA kernel in this PyTorch, so the CUDA fallback target cannot serve it. "
-            "Use the 'auto' target, which runs such ops on the CPU, or put the op on the CPU op "
-            "list (TORCH_FALLBACK_CPU_OPS or torch_fallback.set_cpu_ops).");
-        const c10::DeviceIndex index = backend_index();
-        TORCH_CHECK(index < cuda::device_count(), "torch_fallback: ", backend_name(), ":",
-                    static_cast<int>(index), " runs its CUDA fallback on cuda:",
-                    static_cast<int>(index), ", but only ",
-                    static_cast<int>(cuda::device_count()), " GPU(s) are visible.");
-        target_ = c10::Device(c10::kCUDA, index);
-        return;
-      }
+      cuda::check_usable("the CUDA fallback target", full_name());
+      TORCH_CHECK_NOT_IMPLEMENTED(
+          has_cuda_kernel, "torch_fallback: ", full_name(),
+          " has no CUDA kernel in this PyTorch, so the CUDA fallback target cannot serve it. "
+          "Use the 'auto' target, which runs such ops on the CPU, or put the op on the CPU op "
+          "list (TORCH_FALLBACK_CPU_OPS or torch_fallback.set_cpu_ops).");
+      const c10::DeviceIndex index = backend_index();
+      TORCH_CHECK(index < cuda::device_count(), "torch_fallback: ", backend_name(), ":",
+                  static_cast<int>(index), " runs its CUDA fallback on cuda:",
+                  static_cast<int>(index), ", but only ",
+                  static_cast<int>(cuda::device_count()), " GPU(s) are visible.");
+      target_ = c10::Device(c10::kCUDA, index);
+      return;
     }
     target_ = c10::Device(c10::kCPU);
     if (nested_ ? rules_.has_nested_cpu_kernel : rules_.has_cpu_kernel) return;
@@ -530,18 +563,12 @@ class FallbackCall {
         return to_backend(buffer);
       });
     }
-    TORCH_CHECK_NOT_IMPLEMENTED(
-        tensor.layout() == c10::kStrided && !tensor.is_quantized(), "torch_fallback: ",
-        full_name(), " returned a ", tensor.is_quantized() ? "quantized" : "non-strided",
-        " tensor (", tensor.toString(), "), which ", backend_name(),
-        " tensors cannot be. Run it on CPU or CUDA tensors instead.");
+    check_servable_result(rules_, backend_.device_type, tensor);
     const c10::DeviceIndex index = backend_index();
     const c10::Device home = backend_.output_home(index);
-    if (tensor._is_zerotensor()) {
-      // A zero tensor has no memory; a backend tensor needs some.
-      return backend_.adopt(at::zeros(tensor.sizes(), tensor.options().device(home)), index);
+    if (tensor.device() == home || tensor._is_zerotensor()) {
+      return adopt_result(backend_, tensor, home, index);
     }
-    if (tensor.device() == home) return backend_.adopt(tensor, index);
     call_.bytes_from_target += nbytes(tensor);
     return backend_.adopt(copied_to_home(tensor, home), index);
   }
@@ -605,9 +632,7 @@ class FallbackCall {
       }
     } catch (c10::Error& error) {
       refuse_resized_in_place_argument(error);
-      error.add_context("torch_fallback: raised by " + full_name() + " on the " +
-                        c10::DeviceTypeName(target_.type(), /*lower_case=*/true) +
-                        " fallback target");
+      add_target_context(error, rules_, target_);
       throw;
     }
     if (target_.is_cuda() && cuda_sync() == CudaSync::Device) cuda::device_synchronize();
@@ -815,4 +840,87 @@ void copy_between(const BackendAdapter& backend, const at::Tensor& src, const at
   on_home(dst).copy_(on_home(src), non_blocking);
 }
 
+namespace detail {
+
+DirectCall::DirectCall(const BackendAdapter& backend, const c10::OperatorHandle& op)
+    : backend_(backend), rules_(op_rules(op)), start_(Clock::now()) {}
+
+DirectCall::~DirectCall() {
+  if (!started_) return;  // the boxed fallback serves (and counts) the call
+  if (TargetImplPool* pool = TargetImplPool::for_this_call()) {
+    for (at::Tensor& view : views_) pool->park(std::move(view));
+  }
+  metrics::Call call;
+  call.on_cuda = target_.is_cuda();
+  call.failed = !finished_;
+  call.time_ns = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start_).count());
+  metrics::record(*rules_.counters, call);
+}
+
+void DirectCall::offer(const at::Tensor& tensor) {
+  if (!usable_ || !tensor.defined()) return;
+  const c10::Device device = tensor.device();
+  const c10::Device home = device.type() == backend_.device_type
+                               ? backend_.home_device(tensor.storage())
+                               : c10::Device(c10::kMeta);
+  usable_ = device.type() == backend_.device_type && tensor.layout() == c10::kStrided &&
+            !tensor.is_nested() && (!index_ || *index_ == device.index()) &&
+            (!home_ || *home_ == home);
+  index_ = device.index();
+  home_ = home;
+}
+
+void DirectCall::offer(std::optional<c10::ScalarType> dtype) {
+  usable_ = usable_ && !(dtype && c10::isQIntType(*dtype));
+}
+
+bool DirectCall::start() {
+  if (!usable_ || !rules_.runs_direct || !home_) return false;
+  const c10::DeviceIndex index = backend_device_index(backend_, index_);
+  if (wanted_target(rules_, /*nested=*/false) == Target::Cuda) {
+    if (!rules_.has_cuda_kernel || index >= cuda::device_count()) return false;
+    cuda::check_usable("the CUDA fallback target", rules_.full_name);
+    target_ = c10::Device(c10::kCUDA, index);
+  } else if (!rules_.has_cpu_kernel) {
+    return false;
+  }
+  if (*home_ != target_ || backend_.output_home(index) != target_) return false;
+  index_ = index;
+  started_ = true;
+  if (target_.is_cuda() && cuda::device_count() > 1) device_scope_.emplace(target_.index());
+  return true;
+}
+
+at::Tensor DirectCall::on_target(const at::Tensor& tensor) {
+  if (!tensor.defined()) return tensor;
+  const c10::Storage home = backend_.home_storage(tensor.storage());
+  TargetImplPool* pool = TargetImplPool::for_this_call();
+  views_.push_back(pool != nullptr ? pool->take(home, target_, tensor)
+                                   : tensor_over(home, target_, tensor));
+  return views_.back();
+}
+
+at::Tensor DirectCall::finish(const at::Tensor& result) {
+  synchronize_if_asked();
+  return to_backend(result);
+}
+
+void DirectCall::synchronize_if_asked() const {
+  if (target_.is_cuda() && cuda_sync() == CudaSync::Device) cuda::device_synchronize();
+}
+
+at::Tensor DirectCall::to_backend(const at::Tensor& result) {
+  // Outputs the target kernel keeps on the CPU stay there, as in the boxed fallback.
+  if (!result.defined() || result.device() != target_) return result;
+  check_servable_result(rules_, backend_.device_type, result);
+  finished_ = true;
+  return adopt_result(backend_, result, target_, *index_);
+}
+
+void DirectCall::add_context(c10::Error& error) const {
+  add_target_context(error, rules_, target_);
+}
+
+}  // namespace detail
 }  // namespace torch_fallback

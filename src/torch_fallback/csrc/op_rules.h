@@ -36,6 +36,9 @@ struct OpRules {
   std::string unservable_result;
   // CPU tensors may come with backend tensors, as CUDA allows for indexing and _foreach_ ops.
   bool accepts_cpu_tensors = false;
+  // A functional op a DirectCall may run: it writes no argument and takes no
+  // generator, device or layout, and a backend tensor can hold its results.
+  bool runs_direct = false;
   // Kernels for the targets, dense and nested (computed: composites count).
   bool has_cpu_kernel = false;
   bool has_cuda_kernel = false;

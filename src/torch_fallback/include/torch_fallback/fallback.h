@@ -28,17 +28,48 @@
 // counted in torch_fallback.metrics().
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/boxing/impl/boxing.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <ATen/ops/_log_softmax_backward_data_ops.h>
+#include <ATen/ops/_log_softmax_ops.h>
+#include <ATen/ops/_softmax_backward_data_ops.h>
+#include <ATen/ops/_softmax_ops.h>
+#include <ATen/ops/add_ops.h>
+#include <ATen/ops/addmm_ops.h>
+#include <ATen/ops/bmm_ops.h>
+#include <ATen/ops/convolution_backward_ops.h>
+#include <ATen/ops/convolution_ops.h>
+#include <ATen/ops/div_ops.h>
+#include <ATen/ops/gelu_backward_ops.h>
+#include <ATen/ops/gelu_ops.h>
+#include <ATen/ops/mean_ops.h>
+#include <ATen/ops/mm_ops.h>
+#include <ATen/ops/mul_ops.h>
+#include <ATen/ops/native_layer_norm_backward_ops.h>
+#include <ATen/ops/native_layer_norm_ops.h>
+#include <ATen/ops/nll_loss_backward_ops.h>
+#include <ATen/ops/nll_loss_forward_ops.h>
+#include <ATen/ops/relu_ops.h>
+#include <ATen/ops/sub_ops.h>
+#include <ATen/ops/sum_ops.h>
+#include <ATen/ops/threshold_backward_ops.h>
 #include <c10/core/Storage.h>
+#include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
+#include <chrono>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "api.h"
+#include "cuda.h"
 
 namespace torch_fallback {
+
+struct OpRules;
 
 // How a backend's tensors map to memory the CPU or CUDA can use.
 struct BackendAdapter {
@@ -130,6 +161,116 @@ void batch_norm_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   if (!run_batch_norm_as_eager_cuda(Adapter(), op, stack)) boxed_fallback(Adapter(), op, stack);
 }
 
+// One call of a functional op whose tensors all live on the fallback target
+// already: the target's kernel runs unboxed on views of them, without the
+// boxing, the argument walk and the unboxing of the boxed fallback. Any other
+// call (a tensor elsewhere, a CPU tensor among them, a setting that sends the
+// op elsewhere) goes to the boxed fallback, which serves it in full.
+class TORCH_FALLBACK_API DirectCall {
+ public:
+  DirectCall(const BackendAdapter& backend, const c10::OperatorHandle& op);
+  ~DirectCall();
+  DirectCall(const DirectCall&) = delete;
+  DirectCall& operator=(const DirectCall&) = delete;
+
+  // Each argument, before start().
+  void offer(const at::Tensor& tensor);
+  void offer(const std::optional<at::Tensor>& tensor) {
+    if (tensor.has_value()) offer(*tensor);
+  }
+  void offer(std::optional<c10::ScalarType> dtype);
+  void offer(c10::ScalarType dtype) { offer(std::optional<c10::ScalarType>(dtype)); }
+  template <typename T>
+  void offer(const T& /*not a tensor*/) {}
+
+  // Whether this call runs directly; if so, picks the target and enters its device.
+  bool start();
+
+  // Each argument as the target kernel takes it.
+  at::Tensor on_target(const at::Tensor& tensor);
+  std::optional<at::Tensor> on_target(const std::optional<at::Tensor>& tensor) {
+    return tensor.has_value() ? std::optional<at::Tensor>(on_target(*tensor)) : tensor;
+  }
+  template <typename T>
+  T& on_target(T& value) {
+    return value;
+  }
+
+  // The kernel's results as backend tensors.
+  at::Tensor finish(const at::Tensor& result);
+  template <typename... Tensors>
+  std::tuple<Tensors...> finish(const std::tuple<Tensors...>& results) {
+    synchronize_if_asked();
+    return std::apply(
+        [this](const auto&... result) { return std::tuple<Tensors...>(to_backend(result)...); },
+        results);
+  }
+
+  // Says which op and target raised `error`.
+  void add_context(c10::Error& error) const;
+
+ private:
+  at::Tensor to_backend(const at::Tensor& result);
+  void synchronize_if_asked() const;
+
+  const BackendAdapter& backend_;
+  const OpRules& rules_;
+  const std::chrono::steady_clock::time_point start_;
+  bool usable_ = true;
+  bool started_ = false;
+  bool finished_ = false;
+  std::optional<c10::DeviceIndex> index_;
+  std::optional<c10::Device> home_;  // of the tensors offered
+  c10::Device target_{c10::kCPU};
+  std::optional<cuda::DeviceScope> device_scope_;
+  c10::SmallVector<at::Tensor, 4> views_;
+};
+
+// An unboxed kernel for the op `Op` (an at::_ops struct): DirectCall where it
+// serves the call, else the boxed fallback.
+template <const BackendAdapter& (*Adapter)(), typename Op, typename Schema = typename Op::schema>
+struct DirectKernel;
+
+template <const BackendAdapter& (*Adapter)(), typename Op, typename Result, typename... Args>
+struct DirectKernel<Adapter, Op, Result(Args...)> {
+  static Result call(Args... args) {
+    static const c10::OperatorHandle op =
+        c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
+    {
+      DirectCall direct(Adapter(), op);
+      (direct.offer(args), ...);
+      if (direct.start()) {
+        const auto run = [&] {
+          try {
+            return Op::call(direct.on_target(args)...);
+          } catch (c10::Error& error) {
+            direct.add_context(error);
+            throw;
+          }
+        };
+        return direct.finish(run());
+      }
+    }
+    torch::jit::Stack stack = c10::impl::boxArgs<Args...>(args...);
+    boxed_fallback(Adapter(), op, &stack);
+    return c10::impl::PopResult<Result>::call(stack);
+  }
+};
+
+template <const BackendAdapter& (*Adapter)(), typename Op>
+void register_direct_kernel(torch::Library& aten) {
+  std::string name = std::string(Op::name).substr(std::string("aten::").size());
+  if (*Op::overload_name != '\0') name += std::string(".") + Op::overload_name;
+  if (has_kernel(name, Adapter().device_type)) return;  // the backend's own
+  using Kernel = DirectKernel<Adapter, Op>;
+  aten.impl(name.c_str(), TORCH_FN(Kernel::call));
+}
+
+template <const BackendAdapter& (*Adapter)(), typename... Ops>
+void register_direct_kernels(torch::Library& aten) {
+  (register_direct_kernel<Adapter, Ops>(aten), ...);
+}
+
 template <const BackendAdapter& (*Adapter)()>
 struct CopyKernels {
   static at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
@@ -158,6 +299,15 @@ void register_kernels(torch::Library& aten) {
   register_view_kernels(aten);
   aten.impl("_copy_from", TORCH_FN(detail::CopyKernels<Adapter>::copy_from));
   aten.impl("_copy_from_and_resize", TORCH_FN(detail::CopyKernels<Adapter>::copy_from_and_resize));
+  // The functional ops a training step calls most, run unboxed where they can be.
+  namespace ops = at::_ops;
+  detail::register_direct_kernels<
+      Adapter, ops::add_Tensor, ops::sub_Tensor, ops::mul_Tensor, ops::div_Tensor, ops::mm,
+      ops::bmm, ops::addmm, ops::convolution, ops::convolution_backward, ops::relu,
+      ops::threshold_backward, ops::gelu, ops::gelu_backward, ops::_softmax,
+      ops::_softmax_backward_data, ops::_log_softmax, ops::_log_softmax_backward_data,
+      ops::native_layer_norm, ops::native_layer_norm_backward, ops::sum_dim_IntList,
+      ops::mean_dim, ops::nll_loss_forward, ops::nll_loss_backward>(aten);
   for (const char* name : {"native_batch_norm", "native_batch_norm_backward"}) {
     if (detail::has_kernel(name, Adapter().device_type)) continue;
     aten.impl(name,

@@ -1,0 +1,251 @@
+"""The functional ops a training step calls most run unboxed (DirectKernel).
+
+Where all of a call's tensors live on the fallback target, the target kernel
+runs on views of them without boxing; any other call goes to the boxed
+fallback. Both must give eager's results, errors and metrics.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from checks import calls_on
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import torch_fallback
+import torch_fallback.relay
+
+pytestmark = pytest.mark.usefixtures("placement")
+
+DIRECT_OPS = [
+    "aten::add.Tensor", "aten::sub.Tensor", "aten::mul.Tensor", "aten::div.Tensor", "aten::mm",
+    "aten::bmm", "aten::addmm", "aten::convolution", "aten::convolution_backward", "aten::relu",
+    "aten::threshold_backward", "aten::gelu", "aten::gelu_backward", "aten::_softmax",
+    "aten::_softmax_backward_data", "aten::_log_softmax", "aten::_log_softmax_backward_data",
+    "aten::native_layer_norm", "aten::native_layer_norm_backward", "aten::sum.dim_IntList",
+    "aten::mean.dim", "aten::nll_loss_forward", "aten::nll_loss_backward",
+]  # fmt: skip
+
+aten = torch.ops.aten
+# (name, call): each call takes a function that puts a CPU tensor where the op runs.
+CALLS = [
+    (
+        "add",
+        lambda on: torch.add(on(torch.randn(4, 6))[:, 1:5], on(torch.randn(4, 4)).t(), alpha=2),
+    ),
+    ("sub", lambda on: torch.sub(on(torch.randn(3, 1)), on(torch.randn(1, 5)))),
+    ("mul complex conj", lambda on: torch.mul(on(torch.randn(4, dtype=torch.cfloat)).conj(), 3)),
+    ("div int", lambda on: torch.div(on(torch.arange(1, 9)), on(torch.tensor([3] * 8)))),
+    ("mm", lambda on: torch.mm(on(torch.randn(5, 3)), on(torch.randn(4, 3)).t())),
+    ("bmm", lambda on: torch.bmm(on(torch.randn(2, 3, 4)), on(torch.randn(2, 4, 2)))),
+    (
+        "addmm",
+        lambda on: torch.addmm(on(torch.randn(3)), on(torch.randn(2, 4)), on(torch.randn(4, 3))),
+    ),
+    (
+        "conv",
+        lambda on: F.conv2d(
+            on(torch.randn(1, 2, 5, 5)),
+            on(torch.randn(4, 1, 3, 3)),
+            on(torch.randn(4)),
+            stride=2,
+            padding=1,
+            groups=2,
+        ),
+    ),
+    (
+        "conv backward",
+        lambda on: aten.convolution_backward(
+            on(torch.randn(1, 4, 3, 3)),
+            on(torch.randn(1, 2, 5, 5)),
+            on(torch.randn(4, 2, 3, 3)),
+            [4],
+            [2, 2],
+            [1, 1],
+            [1, 1],
+            False,
+            [0, 0],
+            1,
+            [False, True, True],
+        ),
+    ),
+    ("relu", lambda on: torch.relu(on(torch.randn(7))[::2])),
+    (
+        "threshold_backward",
+        lambda on: aten.threshold_backward(on(torch.randn(6)), on(torch.randn(6)), 0.5),
+    ),
+    ("gelu", lambda on: F.gelu(on(torch.randn(6)), approximate="tanh")),
+    ("gelu_backward", lambda on: aten.gelu_backward(on(torch.randn(6)), on(torch.randn(6)))),
+    ("softmax", lambda on: torch.softmax(on(torch.randn(3, 5)), 1)),
+    ("softmax half to float", lambda on: aten._softmax(on(torch.randn(3, 5)), 0, False)),
+    (
+        "softmax backward",
+        lambda on: aten._softmax_backward_data(
+            on(torch.randn(3, 5)), on(torch.randn(3, 5)), 1, torch.float32
+        ),
+    ),
+    ("log_softmax", lambda on: F.log_softmax(on(torch.randn(3, 5, dtype=torch.float64)), 0)),
+    (
+        "log_softmax backward",
+        lambda on: aten._log_softmax_backward_data(
+            on(torch.randn(3, 5)), on(torch.randn(3, 5)), 1, torch.float32
+        ),
+    ),
+    (
+        "layer_norm",
+        lambda on: aten.native_layer_norm(
+            on(torch.randn(2, 3, 4)), [4], on(torch.randn(4)), None, 1e-5
+        ),
+    ),
+    (
+        "layer_norm backward",
+        lambda on: aten.native_layer_norm_backward(
+            on(torch.randn(2, 4)),
+            on(torch.randn(2, 4)),
+            [4],
+            on(torch.randn(2, 1)),
+            on(torch.rand(2, 1) + 1),
+            on(torch.randn(4)),
+            None,
+            [True, True, False],
+        ),
+    ),
+    ("sum dim dtype", lambda on: torch.sum(on(torch.randn(3, 4)), (0,), dtype=torch.float64)),
+    ("sum no dim", lambda on: torch.sum(on(torch.randn(3, 4)), dim=None, keepdim=True)),
+    ("mean", lambda on: torch.mean(on(torch.randn(3, 4)), -1, keepdim=True)),
+    (
+        "nll_loss",
+        lambda on: aten.nll_loss_forward(
+            on(torch.randn(4, 3)), on(torch.tensor([0, 2, 1, 2])), None, 1, 1
+        ),
+    ),
+    (
+        "nll_loss weight",
+        lambda on: F.nll_loss(
+            on(torch.randn(4, 3)), on(torch.tensor([0, 2, 1, 2])), on(torch.rand(3))
+        ),
+    ),
+    (
+        "nll_loss backward",
+        lambda on: aten.nll_loss_backward(
+            on(torch.tensor(1.0)),
+            on(torch.randn(4, 3)),
+            on(torch.tensor([0, 2, 1, 2])),
+            None,
+            1,
+            -100,
+            on(torch.tensor(4.0)),
+        ),
+    ),
+    ("empty", lambda on: torch.add(on(torch.randn(0, 3)), 1)),
+]
+
+
+def run_both(call):
+    torch.manual_seed(0)
+    expected = call(lambda t: t)
+    torch.manual_seed(0)
+    actual = call(lambda t: t.to("relay"))
+    return actual, expected
+
+
+def assert_same(actual, expected) -> None:
+    if isinstance(expected, (tuple, list)):
+        for a, e in zip(actual, expected, strict=True):
+            assert_same(a, e)
+        return
+    if expected is None:
+        assert actual is None
+        return
+    assert actual.device.type == "relay", f"result on {actual.device}"
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    torch.testing.assert_close(actual.cpu().resolve_conj(), expected.resolve_conj())
+
+
+def test_the_hot_ops_have_unboxed_kernels_on_relay():
+    missing = [
+        op
+        for op in DIRECT_OPS
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(op, "PrivateUse1")
+    ]
+    assert not missing, f"no PrivateUse1 kernel for {missing}"
+
+
+@pytest.mark.parametrize("name, call", CALLS, ids=[name for name, _ in CALLS])
+def test_direct_op_matches_eager_and_is_counted(placement, name, call):
+    before = sum(calls_on(op, placement.target) for op in DIRECT_OPS)
+    actual, expected = run_both(call)
+    assert_same(actual, expected)
+    assert sum(calls_on(op, placement.target) for op in DIRECT_OPS) > before
+
+
+def test_results_do_not_alias_their_inputs(placement):
+    x = torch.randn(5).to("relay")
+    y = torch.relu(x)
+    y.add_(100)
+    assert x.cpu().max() < 100
+    assert y.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+
+
+def test_a_cpu_scalar_tensor_among_the_arguments(placement):
+    # Not on the target: the boxed fallback takes it as a scalar, as eager does.
+    actual, expected = run_both(lambda on: torch.mul(on(torch.randn(3, 2)), torch.tensor(2.5)))
+    assert_same(actual, expected)
+
+
+def test_a_quantized_dtype_is_refused_clearly(placement):
+    with pytest.raises(NotImplementedError, match="quantized"):
+        torch.sum(torch.randn(3).to("relay"), (0,), dtype=torch.qint8)
+
+
+def test_an_error_of_the_target_kernel_names_the_op_and_the_target(placement):
+    a, b = torch.randn(2, 3).to("relay"), torch.randn(2, 3).to("relay")
+    message = f"raised by aten::mm on the {placement.target} fallback target"
+    with pytest.raises(RuntimeError, match=message):
+        torch.mm(a, b)
+    assert torch_fallback.metrics()["aten::mm"].errors == 1
+
+
+def test_inference_mode_and_a_dispatch_mode(placement):
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x, w = torch.randn(4, 3), torch.randn(5, 3)
+    with torch.inference_mode():
+        assert_same(F.linear(x.to("relay"), w.to("relay")), F.linear(x, w))
+    with Seen() as seen:
+        actual = torch.mm(x.to("relay"), w.to("relay").t())
+    assert "aten.mm.default" in seen.ops
+    assert_same(actual, x @ w.t())
+
+
+def test_settings_that_send_an_op_elsewhere(placement):
+    torch_fallback.set_cpu_ops(["aten::mm"])
+    actual, expected = run_both(lambda on: torch.mm(on(torch.randn(2, 3)), on(torch.randn(3, 2))))
+    assert_same(actual, expected)
+    assert calls_on("aten::mm", "cpu") == 1
+    torch_fallback.set_cpu_ops([])
+    torch_fallback.set_cuda_sync("device")
+    actual, expected = run_both(lambda on: torch.mm(on(torch.randn(2, 3)), on(torch.randn(3, 2))))
+    assert_same(actual, expected)
+
+
+def test_a_training_step_through_the_unboxed_kernels(placement):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+        torch.nn.LayerNorm(64), torch.nn.Linear(64, 5), torch.nn.GELU(),
+    ).double()  # fmt: skip
+    on_relay = __import__("copy").deepcopy(model).to("relay")
+    x, y = torch.randn(2, 3, 4, 4, dtype=torch.float64), torch.tensor([1, 3])
+    for net, inputs, target in ((model, x, y), (on_relay, x.to("relay"), y.to("relay"))):
+        F.cross_entropy(net(inputs), target).backward()
+    for expected, actual in zip(model.parameters(), on_relay.parameters(), strict=True):
+        torch.testing.assert_close(actual.grad.cpu(), expected.grad)
