@@ -192,3 +192,21 @@ def test_batch_norm_runs_the_kernels_eager_would(placement, cudnn_enabled, dtype
     names = ["output", "running mean", "running var", "input grad", "weight grad", "bias grad"]
     for name, a, e in zip(names, actual, expected, strict=True):
         assert torch.equal(a.cpu(), e.cpu()), f"{name} differs from the {target} kernel's"
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["training", "eval"])
+def test_native_batch_norm_returns_what_eager_returns(placement, training):
+    """Called directly, native_batch_norm gives eager's three results, their shapes
+    included: cuDNN leaves the saved statistics empty in eval mode, eager does not."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 3, 5, 5)
+    weight, bias = torch.rand(3) + 0.5, torch.randn(3)
+    mean, var = torch.randn(3), torch.rand(3) + 0.5
+    args = (x, weight, bias, mean, var)
+    expected = torch.ops.aten.native_batch_norm(
+        *(t.to(placement.target) for t in args), training, 0.1, 1e-5
+    )
+    actual = torch.ops.aten.native_batch_norm(*(t.to("relay") for t in args), training, 0.1, 1e-5)
+    for a, e in zip(actual, expected, strict=True):
+        assert a.device.type == "relay" and a.shape == e.shape and a.dtype == e.dtype
+        torch.testing.assert_close(a.cpu(), e.cpu())

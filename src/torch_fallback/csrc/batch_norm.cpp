@@ -99,8 +99,11 @@ bool forward(const BackendAdapter& backend, const c10::OperatorHandle& op,
              torch::jit::Stack* stack) {
   const auto start = std::chrono::steady_clock::now();
   const size_t first = stack->size() - 8;
-  const OnTarget t(backend, *stack, first, 5);
   const bool training = (*stack)[first + 5].toBool();
+  // In eval mode cuDNN leaves the saved mean and inverse standard deviation
+  // empty, where eager's native_batch_norm returns them with one value per channel.
+  if (!training) return false;
+  const OnTarget t(backend, *stack, first, 5);
   const double momentum = (*stack)[first + 6].toDouble();
   const double eps = (*stack)[first + 7].toDouble();
   if (!t.usable() || !cudnn_chosen(t[0], t[1], t[2], t[3], t[4], training, eps)) return false;
