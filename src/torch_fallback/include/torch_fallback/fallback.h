@@ -287,11 +287,12 @@ struct CopyKernels {
 
 // Everything torch-fallback can give a backend besides the fallback itself,
 // for TORCH_LIBRARY_IMPL(aten, <key>, m): the views, _copy_from and
-// _copy_from_and_resize, the ops run whole, batch norm on cuDNN where eager
-// CUDA would take it, and (for PrivateUse1) the choice of the fused attention
-// kernel. The backend still owns its memory: empty.memory_format, empty_strided
-// and resize_. Call it after registering the backend's own kernels: it leaves
-// those in place.
+// _copy_from_and_resize, the ops run whole, unboxed kernels for the functional
+// ops a training step calls most (DirectKernel), batch norm on cuDNN where
+// eager CUDA would take it, and (for PrivateUse1) the choice of the fused
+// attention kernel. The backend still owns its memory: empty.memory_format,
+// empty_strided and resize_. Call it after registering the backend's own
+// kernels: it leaves those in place.
 template <const BackendAdapter& (*Adapter)()>
 void register_kernels(torch::Library& aten) {
   detail::register_math_bit_fallthroughs();
