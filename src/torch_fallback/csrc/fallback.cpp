@@ -83,13 +83,13 @@ Target wanted_target(const OpRules& rules, bool nested) {
   return cuda::device_count() > 0 && has_cuda_kernel ? Target::Cuda : Target::Cpu;
 }
 
-void add_target_context(c10::Error& error, const OpRules& rules, c10::Device target) {
-  error.add_context("torch_fallback: raised by " + rules.full_name + " on the " +
-                    c10::DeviceTypeName(target.type(), /*lower_case=*/true) + " fallback target");
-}
-
 std::string device_type_name(c10::DeviceType type) {
   return c10::DeviceTypeName(type, /*lower_case=*/true);
+}
+
+void add_target_context(c10::Error& error, const OpRules& rules, c10::Device target) {
+  error.add_context("torch_fallback: raised by " + rules.full_name + " on the " +
+                    device_type_name(target.type()) + " fallback target");
 }
 
 // The backend device of a call: its tensors', else the current one.
@@ -861,12 +861,13 @@ DirectCall::~DirectCall() {
 void DirectCall::offer(const at::Tensor& tensor) {
   if (!usable_ || !tensor.defined()) return;
   const c10::Device device = tensor.device();
-  const c10::Device home = device.type() == backend_.device_type
-                               ? backend_.home_device(tensor.storage())
-                               : c10::Device(c10::kMeta);
-  usable_ = device.type() == backend_.device_type && tensor.layout() == c10::kStrided &&
-            !tensor.is_nested() && (!index_ || *index_ == device.index()) &&
-            (!home_ || *home_ == home);
+  if (device.type() != backend_.device_type || tensor.layout() != c10::kStrided ||
+      tensor.is_nested() || (index_ && *index_ != device.index())) {
+    usable_ = false;
+    return;
+  }
+  const c10::Device home = backend_.home_device(tensor.storage());
+  usable_ = !home_ || *home_ == home;
   index_ = device.index();
   home_ = home;
 }
@@ -903,7 +904,9 @@ at::Tensor DirectCall::on_target(const at::Tensor& tensor) {
 
 at::Tensor DirectCall::finish(const at::Tensor& result) {
   synchronize_if_asked();
-  return to_backend(result);
+  at::Tensor on_backend = to_backend(result);
+  finished_ = true;
+  return on_backend;
 }
 
 void DirectCall::synchronize_if_asked() const {
@@ -914,7 +917,6 @@ at::Tensor DirectCall::to_backend(const at::Tensor& result) {
   // Outputs the target kernel keeps on the CPU stay there, as in the boxed fallback.
   if (!result.defined() || result.device() != target_) return result;
   check_servable_result(rules_, backend_.device_type, result);
-  finished_ = true;
   return adopt_result(backend_, result, target_, *index_);
 }
 

@@ -201,9 +201,11 @@ class TORCH_FALLBACK_API DirectCall {
   template <typename... Tensors>
   std::tuple<Tensors...> finish(const std::tuple<Tensors...>& results) {
     synchronize_if_asked();
-    return std::apply(
+    auto on_backend = std::apply(
         [this](const auto&... result) { return std::tuple<Tensors...>(to_backend(result)...); },
         results);
+    finished_ = true;
+    return on_backend;
   }
 
   // Says which op and target raised `error`.
