@@ -15,6 +15,7 @@ class OpMetrics:
     time_ns: int
     bytes_to_target: int
     bytes_from_target: int
+    calls_unboxed: int  # of the calls, those an unboxed kernel served (DirectKernel)
 
     @property
     def calls(self) -> int:

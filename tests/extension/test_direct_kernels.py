@@ -7,6 +7,8 @@ fallback. Both must give eager's results, errors and metrics.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -35,7 +37,12 @@ CALLS = [
         lambda on: torch.add(on(torch.randn(4, 6))[:, 1:5], on(torch.randn(4, 4)).t(), alpha=2),
     ),
     ("sub", lambda on: torch.sub(on(torch.randn(3, 1)), on(torch.randn(1, 5)))),
-    ("mul complex conj", lambda on: torch.mul(on(torch.randn(4, dtype=torch.cfloat)).conj(), 3)),
+    (
+        "mul complex conj",
+        lambda on: torch.mul(
+            on(torch.randn(4, dtype=torch.cfloat)).conj(), on(torch.randn(4, dtype=torch.cfloat))
+        ),
+    ),
     ("div int", lambda on: torch.div(on(torch.arange(1, 9)), on(torch.tensor([3] * 8)))),
     ("mm", lambda on: torch.mm(on(torch.randn(5, 3)), on(torch.randn(4, 3)).t())),
     ("bmm", lambda on: torch.bmm(on(torch.randn(2, 3, 4)), on(torch.randn(2, 4, 2)))),
@@ -138,8 +145,17 @@ CALLS = [
             on(torch.tensor(4.0)),
         ),
     ),
-    ("empty", lambda on: torch.add(on(torch.randn(0, 3)), 1)),
+    ("empty", lambda on: torch.add(on(torch.randn(0, 3)), on(torch.randn(1, 3)))),
 ]
+
+
+def unboxed_calls() -> int:
+    return sum(m.calls_unboxed for m in torch_fallback.metrics().values())
+
+
+def served_unboxed(placement) -> bool:
+    """Whether relay's memory is where the ops run, so the unboxed kernels serve them."""
+    return placement.target == placement.home
 
 
 def run_both(call):
@@ -178,6 +194,8 @@ def test_direct_op_matches_eager_and_is_counted(placement, name, call):
     actual, expected = run_both(call)
     assert_same(actual, expected)
     assert sum(calls_on(op, placement.target) for op in DIRECT_OPS) > before
+    # Elsewhere the boxed fallback copies the tensors to the target and back.
+    assert (unboxed_calls() > 0) == served_unboxed(placement)
 
 
 def test_results_do_not_alias_their_inputs(placement):
@@ -192,6 +210,8 @@ def test_a_cpu_scalar_tensor_among_the_arguments(placement):
     # Not on the target: the boxed fallback takes it as a scalar, as eager does.
     actual, expected = run_both(lambda on: torch.mul(on(torch.randn(3, 2)), torch.tensor(2.5)))
     assert_same(actual, expected)
+    assert calls_on("aten::mul.Tensor", placement.target) == 1
+    assert unboxed_calls() == 0
 
 
 def test_a_quantized_dtype_is_refused_clearly(placement):
@@ -220,6 +240,7 @@ def test_inference_mode_and_a_dispatch_mode(placement):
     x, w = torch.randn(4, 3), torch.randn(5, 3)
     with torch.inference_mode():
         assert_same(F.linear(x.to("relay"), w.to("relay")), F.linear(x, w))
+    assert (unboxed_calls() > 0) == served_unboxed(placement)
     with Seen() as seen:
         actual = torch.mm(x.to("relay"), w.to("relay").t())
     assert "aten.mm.default" in seen.ops
@@ -231,6 +252,8 @@ def test_settings_that_send_an_op_elsewhere(placement):
     actual, expected = run_both(lambda on: torch.mm(on(torch.randn(2, 3)), on(torch.randn(3, 2))))
     assert_same(actual, expected)
     assert calls_on("aten::mm", "cpu") == 1
+    # On the CPU op list the op runs on the CPU: unboxed only where relay's memory is.
+    assert torch_fallback.metrics()["aten::mm"].calls_unboxed == int(placement.home == "cpu")
     torch_fallback.set_cpu_ops([])
     torch_fallback.set_cuda_sync("device")
     actual, expected = run_both(lambda on: torch.mm(on(torch.randn(2, 3)), on(torch.randn(3, 2))))
@@ -243,9 +266,10 @@ def test_a_training_step_through_the_unboxed_kernels(placement):
         torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
         torch.nn.LayerNorm(64), torch.nn.Linear(64, 5), torch.nn.GELU(),
     ).double()  # fmt: skip
-    on_relay = __import__("copy").deepcopy(model).to("relay")
+    on_relay = copy.deepcopy(model).to("relay")
     x, y = torch.randn(2, 3, 4, 4, dtype=torch.float64), torch.tensor([1, 3])
     for net, inputs, target in ((model, x, y), (on_relay, x.to("relay"), y.to("relay"))):
         F.cross_entropy(net(inputs), target).backward()
     for expected, actual in zip(model.parameters(), on_relay.parameters(), strict=True):
         torch.testing.assert_close(actual.grad.cpu(), expected.grad)
+    assert (unboxed_calls() > 0) == served_unboxed(placement)

@@ -50,6 +50,7 @@ py::dict metrics_snapshot() {
     entry["time_ns"] = stats.time_ns;
     entry["bytes_to_target"] = stats.bytes_to_target;
     entry["bytes_from_target"] = stats.bytes_from_target;
+    entry["calls_unboxed"] = stats.calls_unboxed;
     result[py::str(op)] = entry;
   }
   return result;

@@ -125,6 +125,10 @@ struct StorageCopy {
   int64_t first_byte;    // the backend storage's byte that its byte 0 holds
 };
 
+}  // namespace
+
+namespace detail {
+
 // The target tensors of a call are made by the hundred in a training step (a
 // _foreach_ op's lists) and dropped when the call ends. Each thread keeps the
 // TensorImpls its calls dropped and sets them up again for the next call,
@@ -210,6 +214,12 @@ class TargetImplPool {
   c10::Storage empty_cpu_ = empty_storage(c10::Device(c10::kCPU));
   c10::Storage empty_cuda_ = empty_storage(c10::Device(c10::kCUDA, 0));
 };
+
+}  // namespace detail
+
+namespace {
+
+using detail::TargetImplPool;
 
 // One run of one op through the fallback.
 class FallbackCall {
@@ -847,11 +857,12 @@ DirectCall::DirectCall(const BackendAdapter& backend, const c10::OperatorHandle&
 
 DirectCall::~DirectCall() {
   if (!started_) return;  // the boxed fallback serves (and counts) the call
-  if (TargetImplPool* pool = TargetImplPool::for_this_call()) {
-    for (at::Tensor& view : views_) pool->park(std::move(view));
+  if (pool_ != nullptr) {
+    for (at::Tensor& view : views_) pool_->park(std::move(view));
   }
   metrics::Call call;
   call.on_cuda = target_.is_cuda();
+  call.unboxed = true;
   call.failed = !finished_;
   call.time_ns = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start_).count());
@@ -888,6 +899,7 @@ bool DirectCall::start() {
   }
   if (*home_ != target_ || backend_.output_home(index) != target_) return false;
   index_ = index;
+  pool_ = TargetImplPool::for_this_call();
   started_ = true;
   if (target_.is_cuda() && cuda::device_count() > 1) device_scope_.emplace(target_.index());
   return true;
@@ -896,9 +908,8 @@ bool DirectCall::start() {
 at::Tensor DirectCall::on_target(const at::Tensor& tensor) {
   if (!tensor.defined()) return tensor;
   const c10::Storage home = backend_.home_storage(tensor.storage());
-  TargetImplPool* pool = TargetImplPool::for_this_call();
-  views_.push_back(pool != nullptr ? pool->take(home, target_, tensor)
-                                   : tensor_over(home, target_, tensor));
+  views_.push_back(pool_ != nullptr ? pool_->take(home, target_, tensor)
+                                    : tensor_over(home, target_, tensor));
   return views_.back();
 }
 

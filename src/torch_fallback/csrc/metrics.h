@@ -16,11 +16,13 @@ struct OpStats {
   uint64_t time_ns = 0;
   uint64_t bytes_to_target = 0;    // copied from the backend's memory to the target device
   uint64_t bytes_from_target = 0;  // copied back from the target device
+  uint64_t calls_unboxed = 0;      // of the calls, those an unboxed kernel served
 };
 
 struct Call {
   bool on_cuda = false;
   bool failed = false;
+  bool unboxed = false;
   uint64_t time_ns = 0;
   uint64_t bytes_to_target = 0;
   uint64_t bytes_from_target = 0;
@@ -34,6 +36,7 @@ struct Counters {
   std::atomic<uint64_t> time_ns{0};
   std::atomic<uint64_t> bytes_to_target{0};
   std::atomic<uint64_t> bytes_from_target{0};
+  std::atomic<uint64_t> calls_unboxed{0};
 };
 
 // The counters of `op` ("aten::add.Tensor"); the pointer stays valid for the process.

@@ -161,6 +161,8 @@ void batch_norm_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   if (!run_batch_norm_as_eager_cuda(Adapter(), op, stack)) boxed_fallback(Adapter(), op, stack);
 }
 
+class TargetImplPool;
+
 // One call of a functional op whose tensors all live on the fallback target
 // already: the target's kernel runs unboxed on views of them, without the
 // boxing, the argument walk and the unboxing of the boxed fallback. Any other
@@ -225,6 +227,7 @@ class TORCH_FALLBACK_API DirectCall {
   std::optional<c10::Device> home_;  // of the tensors offered
   c10::Device target_{c10::kCPU};
   std::optional<cuda::DeviceScope> device_scope_;
+  TargetImplPool* pool_ = nullptr;  // this thread's, where target tensors may be reused
   c10::SmallVector<at::Tensor, 4> views_;
 };
 
