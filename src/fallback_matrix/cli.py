@@ -4,8 +4,6 @@ Exit status: 0 when everything asked for passed, 1 when a cell or test failed,
 2 when the request itself was wrong (bad matrix file, unknown cell, no runner).
 """
 
-from __future__ import annotations
-
 import argparse
 import dataclasses
 import json
@@ -111,11 +109,9 @@ def run_cell(
     artifacts.mkdir(parents=True)
     started, error, exit_code, where = time.monotonic(), None, 1, runner.name
     with reporter.for_cell(cell.name, artifacts / LOG_FILE) as log:
-        log.say(
-            f"torch=={cell.torch} ({cell.variant}), Python {cell.python}, tests "
-            f"{' '.join(cell.tests.paths)} -m {cell.tests.markers!r}, index {cell.index.url} "
-            f"({cell.index.source})"
-        )
+        tests = f"tests {' '.join(cell.tests.paths)} -m {cell.tests.markers!r}"
+        index = f"index {cell.index.url} ({cell.index.source})"
+        log.say(f"torch=={cell.torch} ({cell.variant}), Python {cell.python}, {tests}, {index}")
         try:
             cache = cache_root(matrix.root)
             request = WheelhouseRequest.for_cell(cell, matrix.root / "pyproject.toml")
@@ -123,11 +119,8 @@ def run_cell(
             job = make_job(matrix, cell, cache, artifacts, wheelhouse=str(wheelhouse), **options)
             exit_code, where = runner.run(job, log)
             if exit_code != 0:
-                reason = EXIT_REASONS.get(exit_code, "")
-                error = (
-                    f"cell {cell.name} failed in {where} (exit status {exit_code}{reason}); "
-                    f"log: {log.path}"
-                )
+                status = f"exit status {exit_code}{EXIT_REASONS.get(exit_code, '')}"
+                error = f"cell {cell.name} failed in {where} ({status}); log: {log.path}"
         except CellError as problem:
             error = str(problem) if cell.name in str(problem) else f"cell {cell.name}: {problem}"
             log.line(f"error: {error}")
@@ -231,17 +224,6 @@ def local_index(tools: Path, directory: Path, log: Reporter) -> Iterator[str]:
         process.wait(timeout=10)
 
 
-def upload(tools: Path, url: str, wheels: Sequence[Path], log: Reporter) -> None:
-    command = [str(tools / "twine"), "upload", "--non-interactive", "--repository-url", f"{url}/"]
-    log.say(f"twine upload of {len(wheels)} wheel(s) to {url}/")
-    if run_process([*command, "-u", "ci", "-p", "ci", *map(str, wheels)], log.line) != 0:
-        raise MatrixError(f"twine upload to {url} failed; see above")
-    with urllib.request.urlopen(f"{url}/simple/torch-fallback/", timeout=5) as listing:
-        page = listing.read().decode()
-    names = sorted(line.split(">")[1].split("<")[0] for line in page.splitlines() if "<a " in line)
-    log.say(f"local index now serves: {', '.join(names)}")
-
-
 class Context:
     """What every subcommand needs: the matrix, its cells, where results go, the reporter."""
 
@@ -295,14 +277,14 @@ def cmd_list(c: Context) -> int:
     headers = ("cell", "variant", "python", "torch", "cuda", "gpu", "runs on", "workflows", "tests")
     table = Table(*headers, title=f"cells of {c.matrix.file.name}")
     for cell in c.cells:
-        table.add_row(
-            *(cell.name, cell.variant, cell.python, cell.torch, cell.cuda or "-"),
-            *("yes" if cell.gpu else "-", ", ".join(cell.runner_labels)),
-            *(
-                ", ".join(cell.selections),
-                f"{' '.join(cell.tests.paths)} -m '{cell.tests.markers}'",
-            ),
-        )
+        tests = f"{' '.join(cell.tests.paths)} -m '{cell.tests.markers}'"
+        row = [cell.name, cell.variant, cell.python, cell.torch, cell.cuda or "-"]
+        row += [
+            "yes" if cell.gpu else "-",
+            ", ".join(cell.runner_labels),
+            ", ".join(cell.selections),
+        ]
+        table.add_row(*row, tests)
     c.reporter.table(table)
     for variant, index in sorted({(cell.variant, cell.index) for cell in c.cells}):
         c.reporter.line(f"index {variant}: {index.url}  ({index.source})")
@@ -373,7 +355,14 @@ def cmd_publish_local(c: Context) -> int:
         c.reporter.for_cell("publish", log_file) as log,
         local_index(Path(c.args.tools), packages, log) as url,
     ):
-        upload(Path(c.args.tools), url, wheels, log)
+        log.say(f"twine upload of {len(wheels)} wheel(s) to {url}/")
+        twine = [f"{c.args.tools}/twine", "upload", "--non-interactive", "-u", "ci", "-p", "ci"]
+        if run_process([*twine, "--repository-url", f"{url}/", *map(str, wheels)], log.line):
+            raise MatrixError(f"twine upload to {url} failed; see above")
+        with urllib.request.urlopen(f"{url}/simple/torch-fallback/", timeout=5) as listing:
+            links = [line for line in listing.read().decode().splitlines() if "<a " in line]
+        served = sorted(link.split(">")[1].split("<")[0] for link in links)
+        log.say(f"local index now serves: {', '.join(served)}")
         requirement = f"torch-fallback=={version}"
         results = c.run([cell], index_url=f"{url}/simple/", requirement=requirement)
     return c.publish([cell.name], "installed from the local index", results)
@@ -385,11 +374,11 @@ def cmd_workflows(c: Context) -> int:
     planned = plan_workflows(c.matrix)
     if c.args.check:
         if drift := check_workflows(c.matrix.root, planned):
+            problems = "; ".join(f"{name}: {problem}" for name, problem in drift.items())
             c.reporter.error(
-                "the generated GitHub files are out of date with matrix.yaml ("
-                + "; ".join(f"{name}: {problem}" for name, problem in drift.items())
-                + f"); regenerate them with `{REGENERATE_COMMAND}` (or `nox -s workflows`) "
-                "and commit them"
+                f"the generated GitHub files are out of date with matrix.yaml ({problems}); "
+                f"regenerate them with `{REGENERATE_COMMAND}` (or `nox -s workflows`) and commit"
+                " them"
             )
             return EXIT_FAILED
         c.reporter.say(f"{len(planned)} generated file(s) up to date with matrix.yaml")

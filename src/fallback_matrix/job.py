@@ -1,16 +1,12 @@
 """The job of one cell, where it runs: in the cell's container, or on the host.
 
 Standard library only (and ``fallback_matrix.report``): in a container this runs on the
-image's bare Python, before anything is installed. The runner writes a `Job` as JSON and
-starts ``python3 -m fallback_matrix.job JOB.json`` from the repository's src/. Checks that
-need packaging run in the cell's environment: ``python -m fallback_matrix.job torch PIN
-CUDA|-`` and ``... wheel WHEEL TORCH`` each print one JSON line. The steps (``STEPS``) are
-README.md's "What a cell does"; result.json records them, and the host completes it.
+image's bare Python. The runner writes a `Job` as JSON and starts ``python3 -m
+fallback_matrix.job JOB.json`` from the repository's src/. Checks that need packaging run
+in the cell's environment (``python -m fallback_matrix.job torch|wheel ...``: one JSON
+line). The steps (``STEPS``) are README.md's "What a cell does", recorded in result.json.
 """
 
-from __future__ import annotations
-
-import dataclasses
 import fcntl
 import hashlib
 import json
@@ -22,7 +18,7 @@ import time
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,10 +66,10 @@ class Job:
     requirement: str | None = None
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2)
+        return json.dumps(asdict(self), indent=2)
 
     @classmethod
-    def from_json(cls, text: str) -> Job:
+    def from_json(cls, text: str) -> "Job":
         """The job in ``text``; TypeError names a missing or unknown key."""
         return cls(**json.loads(text))
 
@@ -93,10 +89,8 @@ class Job:
     def venv(self, *args: str | Path) -> list[str | Path]:  # a command of the run venv's Python
         return [self.run_venv / "bin" / "python", *args]
 
-    def pip(self, *args: str | Path) -> list[str | Path]:
-        """pip of the run venv: ``pip install`` without progress bars."""
-        progress = ["--progress-bar", "off"] if args[:1] == ("install",) else []
-        return self.venv("-m", "pip", *args[:1], *progress, *args[1:])
+    def pip(self, command: str, *args: str | Path) -> list[str | Path]:
+        return self.venv("-m", "pip", command, "--progress-bar", "off", *args)
 
 
 class StepFailed(Exception):
@@ -137,8 +131,9 @@ def site_packages(venv: Path) -> Path:
     return venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
 
 
-def ensure_base_env(job: Job, env: Mapping[str, str], report: Reporter) -> Path:
-    """The cached venv with torch and the groups, keyed by the interpreter and the wheelhouse."""
+def create_envs(job: Job, env: Mapping[str, str], report: Reporter) -> Path:
+    """The base venv with torch and the groups, cached by interpreter and wheelhouse; on top,
+    a fresh run venv that sees its packages through a .pth file. Returns the base."""
     content = {"python": sys.version, "base_prefix": sys.base_prefix, "groups": list(GROUPS)}
     content |= {"torch": f"torch=={job.torch}", "wheelhouse": Path(job.wheelhouse).name}
     key = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
@@ -147,26 +142,22 @@ def ensure_base_env(job: Job, env: Mapping[str, str], report: Reporter) -> Path:
     with locked(base.with_name(base.name + ".lock"), "the environment", report):
         if marker.is_file():
             report.say(f"reusing environment {base} (same interpreter and wheelhouse)")
-            return base
-        shutil.rmtree(base, ignore_errors=True)
-        report.say(f"creating environment {base} from {job.wheelhouse}")
-        must_run([sys.executable, "-m", "venv", base], env, "creating the venv")
-        pip: list[str | Path] = [base / "bin" / "python", "-m", "pip", "install"]
-        pip += ["--progress-bar", "off", "--no-index", "--find-links", job.wheelhouse]
-        must_run([*pip, PIP_WITH_GROUPS], env, f"installing {PIP_WITH_GROUPS}")
-        groups = [f"--group={job.repo}/pyproject.toml:{group}" for group in GROUPS]
-        must_run([*pip, f"torch=={job.torch}", *groups], env, "installing torch and the groups")
-        marker.write_text(job.to_json(), encoding="utf-8")
-    return base
-
-
-def create_run_venv(job: Job, base: Path, env: Mapping[str, str], report: Reporter) -> None:
-    """A fresh venv for this run that sees the base env's packages through a .pth file."""
+        else:
+            shutil.rmtree(base, ignore_errors=True)
+            report.say(f"creating environment {base} from {job.wheelhouse}")
+            must_run([sys.executable, "-m", "venv", base], env, "creating the venv")
+            pip: list[str | Path] = [base / "bin" / "python", "-m", "pip", "install"]
+            pip += ["--progress-bar", "off", "--no-index", "--find-links", job.wheelhouse]
+            must_run([*pip, PIP_WITH_GROUPS], env, f"installing {PIP_WITH_GROUPS}")
+            groups = [f"--group={job.repo}/pyproject.toml:{group}" for group in GROUPS]
+            must_run([*pip, f"torch=={job.torch}", *groups], env, "installing torch and groups")
+            marker.write_text(job.to_json(), encoding="utf-8")
     shutil.rmtree(job.run_venv, ignore_errors=True)
     must_run([sys.executable, "-m", "venv", "--without-pip", job.run_venv], env, "the run venv")
     pth = site_packages(job.run_venv) / "_fallback_matrix_base.pth"
     pth.write_text(f"{site_packages(base)}\n", encoding="utf-8")
     report.say(f"fresh venv {job.run_venv} on top of {base}")
+    return base
 
 
 def check_in_env(job: Job, env: Mapping[str, str], *args: str) -> dict[str, Any]:
@@ -225,15 +216,17 @@ def build_env(job: Job, base: Path, env: Mapping[str, str], report: Reporter) ->
     """PATH with ccache's compiler wrappers and the venvs' tools (ninja) first; ccache settings."""
     path = [str(job.run_venv / "bin"), str(base / "bin"), env.get("PATH", os.defpath)]
     build = dict(env, MAX_JOBS=env.get("MAX_JOBS", str(os.cpu_count() or 1)))
-    if shutil.which("ccache", path=env.get("PATH")):
-        if CCACHE_WRAPPERS.is_dir():
-            path.insert(0, str(CCACHE_WRAPPERS))
-        ccache = Path(job.cache) / "ccache"
-        build |= {"CCACHE_DIR": str(ccache), "CCACHE_BASEDIR": str(job.build_dir)}
-        build |= {"CCACHE_NOHASHDIR": "1", "CCACHE_MAXSIZE": env.get("CCACHE_MAXSIZE", "5G")}
-        report.say(f"ccache on: {CCACHE_WRAPPERS} first on PATH, CCACHE_DIR={ccache}")
-    else:
+    if job.plain_version:
+        build[PLAIN_VERSION_ENV] = "1"
+    if not shutil.which("ccache", path=env.get("PATH")):
         report.say("ccache not found: builds are not cached (apt-get install ccache)")
+        return build | {"PATH": os.pathsep.join(path)}
+    if CCACHE_WRAPPERS.is_dir():
+        path.insert(0, str(CCACHE_WRAPPERS))
+    ccache = Path(job.cache) / "ccache"
+    build |= {"CCACHE_DIR": str(ccache), "CCACHE_BASEDIR": str(job.build_dir)}
+    build |= {"CCACHE_NOHASHDIR": "1", "CCACHE_MAXSIZE": env.get("CCACHE_MAXSIZE", "5G")}
+    report.say(f"ccache on: {CCACHE_WRAPPERS} first on PATH, CCACHE_DIR={ccache}")
     return build | {"PATH": os.pathsep.join(path)}
 
 
@@ -244,18 +237,20 @@ def one_wheel(directory: Path, what: str) -> Path:
     return wheels[0]
 
 
-def build_wheel(job: Job, env: Mapping[str, str]) -> Path:
+def build_wheel(job: Job, torch_version: str, env: Mapping[str, str]) -> tuple[Path, str]:
+    """pip wheel of the build dir; the wheel must require exactly the torch release it was
+    built against. Returns the wheel and its torch requirement."""
     dist = Path(job.work) / "dist"
     shutil.rmtree(dist, ignore_errors=True)
     if "CCACHE_DIR" in env:
         run(["ccache", "-z"], env)  # the statistics printed at the end are this build's
     wheel = job.pip("wheel", "--no-build-isolation", "--no-deps", "--no-index", "-v", "-w", dist)
     must_run([*wheel, job.build_dir], env, "building the wheel")
-    return one_wheel(dist, "pip wheel")
+    built = one_wheel(dist, "pip wheel")
+    return built, check_torch_pin(job, built, torch_version, env)
 
 
 def check_torch_pin(job: Job, wheel: Path, torch_version: str, env: Mapping[str, str]) -> str:
-    """The wheel must require exactly the torch release it was built against."""
     answer = check_in_env(job, env, "wheel", str(wheel), torch_version)
     if not answer["matches"]:
         raise StepFailed(
@@ -325,8 +320,7 @@ def pytest_command(
 
 def run_tests(job: Job, env: Mapping[str, str], report: Reporter) -> None:
     paths = [Path(job.repo) / path for path in job.test_paths]
-    missing = [str(path) for path in paths if not path.exists()]
-    if missing:
+    if missing := [str(path) for path in paths if not path.exists()]:
         raise StepFailed(f"test paths missing: {', '.join(missing)} (matrix.yaml tests.paths)")
     junit = Path(job.artifacts) / "junit.xml"
     command = pytest_command(job, paths, Path(job.repo), junit, job.cell)
@@ -362,8 +356,7 @@ def run_example(job: Job, env: Mapping[str, str], report: Reporter) -> None:
         raise StepFailed(f"{job.example} has no tests/ directory; the cell runs its tests")
     junit = Path(job.artifacts) / "example" / "junit.xml"
     command = pytest_command(job, [build / "tests"], build, junit, f"{job.cell}/example")
-    status = run(command, env, cwd=job.test_cwd)
-    if status != 0:
+    if (status := run(command, env, cwd=job.test_cwd)) != 0:
         raise StepFailed(f"the tests of {job.example} failed (pytest exit status {status})")
     report.say(f"{job.example}: built against the installed wheel, tests passed")
 
@@ -381,12 +374,10 @@ def run_steps(job: Job) -> int:
     os.chdir(job.work)  # started from the (read-only) package source; work elsewhere
     try:
         with report.step("environment", STEPS):
-            base = ensure_base_env(job, env, report)
-            create_run_venv(job, base, env, report)
+            base = create_envs(job, env, report)
         with report.step("verify torch", STEPS):
-            torch = verify_torch(job, env, report)
+            result["torch"] = torch = verify_torch(job, env, report)
             libraries = torch.pop("libraries")
-            result["torch"] = torch
         build = build_env(job, base, env, report)
         if job.prebuilt_wheel:
             wheel = Path(job.prebuilt_wheel)
@@ -394,13 +385,11 @@ def run_steps(job: Job) -> int:
         elif job.index_url:
             report.say(f"installing {job.requirement} from {job.index_url}: no build")
         else:
-            build |= {PLAIN_VERSION_ENV: "1"} if job.plain_version else {}
             with locked(job.build_dir.with_suffix(".lock"), "the build dir", report):
                 with report.step("sources", STEPS):
                     sync_sources(job, report)
                 with report.step("build", STEPS):
-                    built = build_wheel(job, build)
-                    result["requires"] = check_torch_pin(job, built, torch["version"], build)
+                    built, result["requires"] = build_wheel(job, torch["version"], build)
                     report.say(f"{built.name}: Requires-Dist: {result['requires']}")
             with report.step("repair", STEPS):
                 wheel, shown = repair_wheel(job, built, libraries, build)
@@ -445,9 +434,7 @@ def cuda_matches(expected: str | None, cuda: str | None) -> bool:
     """torch.version.cuda against a cell's CUDA major (None: a CPU-only build)."""
     from packaging.version import Version
 
-    if expected is None or cuda is None:
-        return expected is None and cuda is None
-    return Version(cuda).major == int(expected)
+    return expected == (str(Version(cuda).major) if cuda else None)
 
 
 def torch_pins(wheel: Path) -> list[str]:
@@ -469,15 +456,14 @@ def check(what: str, first: str, second: str) -> dict[str, Any]:
         return {"pins": pins, "wanted": f"torch{wanted}", "matches": pins == [wanted]}
     import torch
 
-    cuda, expected = torch.version.cuda, None if second == "-" else second
+    cuda, libraries = torch.version.cuda, os.listdir(Path(torch.__file__).parent / "lib")
+    matches = torch_matches(first, torch.__version__)
     return {
         "version": torch.__version__,
         "cuda": cuda,
         "file": torch.__file__,
-        "libraries": sorted(
-            n for n in os.listdir(Path(torch.__file__).parent / "lib") if ".so" in n
-        ),
-        "matches": torch_matches(first, torch.__version__) and cuda_matches(expected, cuda),
+        "libraries": sorted(name for name in libraries if ".so" in name),
+        "matches": matches and cuda_matches(None if second == "-" else second, cuda),
     }
 
 

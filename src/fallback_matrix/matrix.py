@@ -5,8 +5,6 @@ the file, the line and the key path (``cells[1].torch``); all end up in one Matr
 `expand_cells` is a pure function of the validated file, the environment and the overrides.
 """
 
-from __future__ import annotations
-
 import difflib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass

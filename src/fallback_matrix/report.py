@@ -4,8 +4,6 @@ Standard library only: a job runs on a container image's bare Python. The host
 prints its tables with rich (``Reporter.table``, imported only when called).
 """
 
-from __future__ import annotations
-
 import os
 import subprocess
 import sys
@@ -39,7 +37,7 @@ class Reporter:
     file: IO[str] | None = None
 
     @contextmanager
-    def for_cell(self, cell: str, path: Path) -> Iterator[Reporter]:
+    def for_cell(self, cell: str, path: Path) -> Iterator["Reporter"]:
         """A reporter for one cell, whose lines also go to the cell's log file ``path``."""
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("w", encoding="utf-8") as file:
@@ -70,28 +68,26 @@ class Reporter:
         Console(file=self.stream, highlight=False, soft_wrap=True, width=120).print(renderable)
 
     @contextmanager
-    def step(self, name: str, of: Sequence[str] = ()) -> Iterator[None]:
-        """A step of a job: announced, timed and recorded (``steps``) as ok or failed."""
-        number = f" {of.index(name) + 1}/{len(of)}" if name in of else ""
-        self.line(f"\n==> [{self.cell}] step{number}: {name}  (+{self.elapsed()})")
+    def step(self, name: str, of: Sequence[str]) -> Iterator[None]:
+        """A step of a job (number N of ``of``): announced, timed and recorded (``steps``)."""
+        number = f"{of.index(name) + 1}/{len(of)}"
+        self.line(f"\n==> [{self.cell}] step {number}: {name}  (+{self.elapsed()})")
+        record: dict[str, Any] = {"name": name, "status": "failed"}  # until it ends well
         began = time.monotonic()
-        record: dict[str, Any] = {"name": name, "status": "running"}
         self.steps.append(record)
         try:
             yield
-        except BaseException:
-            record.update(status="failed", seconds=round(time.monotonic() - began, 1))
-            raise
-        record.update(status="ok", seconds=round(time.monotonic() - began, 1))
-        self.line(f"<== [{self.cell}] {name}: ok in {time.monotonic() - began:.1f}s")
+            record["status"] = "ok"
+        finally:
+            record["seconds"] = round(time.monotonic() - began, 1)
+        self.line(f"<== [{self.cell}] {name}: ok in {record['seconds']:.1f}s")
 
 
 def without_pip_config(environ: Mapping[str, str]) -> dict[str, str]:
     """``environ`` with no pip configuration: no PIP_* variable, no config file read (``pip
     --isolated`` would still read the site-wide ones: a find-links folder, a constraint file)."""
     env = {key: value for key, value in environ.items() if not key.startswith("PIP_")}
-    env["PIP_CONFIG_FILE"] = os.devnull
-    return env
+    return env | {"PIP_CONFIG_FILE": os.devnull}
 
 
 def run_process(

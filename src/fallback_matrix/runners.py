@@ -7,8 +7,6 @@ the end. Containers carry a label (``clean`` finds leftovers) and are removed wh
 happens. The image's tag hashes its build context and args: an unchanged one is reused.
 """
 
-from __future__ import annotations
-
 import dataclasses
 import hashlib
 import io
@@ -22,14 +20,16 @@ import tarfile
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
+
+from docker.types import DeviceRequest, Mount
+
+import docker
+from docker import DockerClient
 
 from .job import Job
 from .matrix import CellError, MatrixError
 from .report import Reporter, run_process
-
-if TYPE_CHECKING:
-    from docker import DockerClient
 
 RunnerChoice = Literal["docker", "local", "auto"]
 LABEL = "org.torch-fallback.matrix"
@@ -39,7 +39,7 @@ DOCKER_CACHE_ENV = "FALLBACK_MATRIX_DOCKER_CACHE"  # a host directory instead of
 IMAGE_UID = 1000  # the image's user (docker/Dockerfile)
 # Where the job sees things in the container; the job file goes to /tmp before it starts.
 REPO, WHEELHOUSE, CACHE, WORK, ARTIFACTS = "/src", "/wheelhouse", "/cache", "/tmp/cell-work", "/out"
-JOB_FILE = "/tmp/fallback-matrix-job.json"
+JOB_FILE = PurePosixPath("/tmp/fallback-matrix-job.json")
 
 # nox logs at debug level; the SDK's HTTP chatter would drown the cell's own log.
 for _chatty in ("urllib3", "docker"):
@@ -61,8 +61,6 @@ class EngineStatus(NamedTuple):
 
 def connect_docker(timeout: int = 900) -> DockerClient:
     """A client of a daemon that answers (image builds can be silent for minutes)."""
-    import docker
-
     try:
         client = docker.from_env(timeout=timeout)
         client.ping()
@@ -158,22 +156,20 @@ def plan_image(repo: Path, job: Job) -> ImagePlan:
         digest.update(path.relative_to(context).as_posix().encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
     digest.update(json.dumps(build_args, sort_keys=True).encode())
-    return ImagePlan(
-        context, dockerfile.name, build_args, f"torch-fallback-build:{digest.hexdigest()[:12]}"
-    )
+    tag = f"torch-fallback-build:{digest.hexdigest()[:12]}"
+    return ImagePlan(context, dockerfile.name, build_args, tag)
 
 
 def ensure_image(client: DockerClient, plan: ImagePlan, log: Reporter) -> str:
     """The image's tag, built now only when no image has this tag yet."""
-    import docker
-
     try:
         client.images.get(plan.tag)
         log.say(f"image {plan.tag}: reusing it (Dockerfile and build args unchanged)")
         return plan.tag
     except docker.errors.ImageNotFound:
-        pass
-    log.say(f"image {plan.tag}: building {plan.context / plan.dockerfile} with {plan.build_args}")
+        log.say(
+            f"image {plan.tag}: building {plan.context / plan.dockerfile} with {plan.build_args}"
+        )
     failed = f"cell {log.cell}: building image {plan.tag} failed"
     try:
         for chunk in client.api.build(
@@ -196,27 +192,22 @@ def ensure_image(client: DockerClient, plan: ImagePlan, log: Reporter) -> str:
     return plan.tag
 
 
-def cache_user(cache: str, stat: Callable[[str], os.stat_result] = os.stat) -> str | None:
-    """The uid:gid to run as for ``cache``: the owner's when it is a host directory. A named
-    volume, or a directory of root's (``DockerRunner`` gives it to him), gets the image user."""
-    if cache[:1] != "/" or (info := stat(cache)).st_uid == 0:
-        return None
-    return f"{info.st_uid}:{info.st_gid}"
-
-
-def check_checkout_readable(
-    repo: str, user: str | None, stat: Callable[[str], os.stat_result] = os.stat
-) -> None:
-    """The container's user (``user``, else the image's) must be able to read the checkout."""
-    uid = int(user.split(":")[0]) if user else IMAGE_UID
-    info = stat(repo)
-    if uid == info.st_uid or info.st_mode & 0o005 == 0o005:
-        return
-    raise MatrixError(
-        f"the checkout {repo} (mode {info.st_mode & 0o777:o}, owner uid {info.st_uid}) cannot "
-        f"be read by the cell's container, which runs as uid {uid}. Make it readable "
-        f"(chmod o+rx {repo}, as git clone leaves a checkout), or use --runner local"
-    )
+def container_user(
+    cache: str, repo: str, stat: Callable[[str], os.stat_result] = os.stat
+) -> str | None:
+    """The uid:gid the job runs as: the owner's of ``cache`` when that is a host directory;
+    for a named volume, or a directory of root's (``DockerRunner`` gives it to him), None:
+    the image's user. That user must be able to read the checkout ``repo``."""
+    owner = stat(cache) if cache[:1] == "/" else None
+    user = f"{owner.st_uid}:{owner.st_gid}" if owner and owner.st_uid != 0 else None
+    uid, info = owner.st_uid if owner and user else IMAGE_UID, stat(repo)
+    if uid != info.st_uid and info.st_mode & 0o005 != 0o005:
+        raise MatrixError(
+            f"the checkout {repo} (mode {info.st_mode & 0o777:o}, owner uid {info.st_uid}) "
+            f"cannot be read by the cell's container, which runs as uid {uid}. Make it readable "
+            f"(chmod o+rx {repo}, as git clone leaves a checkout), or use --runner local"
+        )
+    return user
 
 
 def plan_container(
@@ -229,8 +220,6 @@ def plan_container(
     user: str | None = None,
 ) -> tuple[Job, dict[str, Any]]:
     """The job as the container sees it, and the arguments of ``containers.create``."""
-    from docker.types import DeviceRequest, Mount
-
     inside = dataclasses.replace(
         job, repo=REPO, wheelhouse=WHEELHOUSE, cache=CACHE, work=WORK, artifacts=ARTIFACTS
     )
@@ -243,7 +232,7 @@ def plan_container(
     gpus = [DeviceRequest(count=-1, capabilities=[["gpu"]])] if job.gpus or job.gpu else None
     return inside, {
         "image": image,
-        "command": ["python3", "-m", "fallback_matrix.job", JOB_FILE],
+        "command": ["python3", "-m", "fallback_matrix.job", str(JOB_FILE)],
         "name": f"fallback-matrix-{job.cell}-{suffix or uuid.uuid4().hex[:8]}",
         "labels": {LABEL: "1", CELL_LABEL: job.cell},
         "environment": environment,
@@ -287,17 +276,15 @@ def run_container(
     client: DockerClient, job: Job, create: Mapping[str, Any], log: Reporter, artifacts: Path
 ) -> int:
     """Run the planned container to its end; always remove it. Returns its exit status."""
-    import docker
-
     container = client.containers.create(**create)
     try:
         log.say(f"container {create['name']} from image {create['image']}")
         payload, archive = job.to_json().encode(), io.BytesIO()
         with tarfile.open(fileobj=archive, mode="w") as tar:  # the job file, before it starts
-            info = tarfile.TarInfo(PurePosixPath(JOB_FILE).name)
+            info = tarfile.TarInfo(JOB_FILE.name)
             info.size, info.mode = len(payload), 0o644
             tar.addfile(info, io.BytesIO(payload))
-        container.put_archive(str(PurePosixPath(JOB_FILE).parent), archive.getvalue())
+        container.put_archive(str(JOB_FILE.parent), archive.getvalue())
         try:
             container.start()
         except docker.errors.APIError as error:
@@ -329,18 +316,18 @@ class DockerRunner:
 
     name = "docker"
 
-    def __init__(self, client: DockerClient | None = None, volume: str | None = None) -> None:
-        self._client = client
-        self.volume = volume or os.environ.get(DOCKER_CACHE_ENV) or CACHE_VOLUME
+    def __init__(self, client: DockerClient | None = None) -> None:
+        self.client = client
+        self.volume = os.environ.get(DOCKER_CACHE_ENV) or CACHE_VOLUME
 
     def run(self, job: Job, log: Reporter) -> tuple[int, str]:
-        client = self._client = self._client or connect_docker()
+        client = self.client = self.client or connect_docker()
         if self.volume[:1] == "/":  # a host directory: one owned by root goes to the image user
             Path(self.volume).mkdir(parents=True, exist_ok=True)
             if Path(self.volume).stat().st_uid == 0 and os.geteuid() == 0:
                 os.chown(self.volume, IMAGE_UID, IMAGE_UID)
         image = ensure_image(client, plan_image(Path(job.repo), job), log)
-        check_checkout_readable(job.repo, user := cache_user(self.volume))
+        user = container_user(self.volume, job.repo)
         inside, create = plan_container(
             job, image, volume=self.volume, environ=os.environ, user=user
         )

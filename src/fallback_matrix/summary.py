@@ -4,8 +4,6 @@ The third-party example a cell builds and tests against its wheel (step ``exampl
 results in ``<cell>/example/``) is a row of its own, ``<cell>/example``.
 """
 
-from __future__ import annotations
-
 import json
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence

@@ -8,8 +8,6 @@ of the machine's pip configuration (a find-links folder or a constraint file mus
 the build the cell pins), unless that index does not answer: then pip's own configuration.
 """
 
-from __future__ import annotations
-
 import hashlib
 import importlib.metadata
 import json
@@ -41,10 +39,6 @@ PLATFORMS = (
 )
 MANIFEST_NAME = "wheelhouse.json"
 PipDownload = Callable[[Sequence[str], Mapping[str, str] | None], int]  # pip download ARGS in ENV
-
-
-class WheelhouseError(CellError):
-    """Filling a cell's wheelhouse failed."""
 
 
 def probe_index(url: str, timeout: float = 3.0) -> str | None:
@@ -88,7 +82,7 @@ class WheelhouseRequest:
     pyproject: Path = field(default=Path("pyproject.toml"), compare=False)
 
     @classmethod
-    def for_cell(cls, cell: Cell, pyproject: Path) -> WheelhouseRequest:
+    def for_cell(cls, cell: Cell, pyproject: Path) -> "WheelhouseRequest":
         groups = dependency_groups(pyproject)
         return cls(cell.name, cell.python, cell.torch_requirement, groups, pyproject)
 
@@ -102,9 +96,8 @@ class WheelhouseRequest:
         version = self.torch_requirement.removeprefix("torch==").replace("+", "-")
         return f"torch-{version}-py{self.python}-{self.key()}"
 
-
-def wheelhouse_path(cache_root: Path, request: WheelhouseRequest) -> Path:
-    return cache_root / "wheelhouse" / request.dirname()
+    def path(self, cache_root: Path) -> Path:
+        return cache_root / "wheelhouse" / self.dirname()
 
 
 def pip_cert(environ: Mapping[str, str]) -> str | None:
@@ -113,7 +106,7 @@ def pip_cert(environ: Mapping[str, str]) -> str | None:
         if environ.get(key):
             return environ[key]
     listing = subprocess.run(
-        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True
     )
     for line in listing.stdout.splitlines():
         key, _, value = line.partition("=")
@@ -149,7 +142,7 @@ def download_python(version: str, cache_root: Path, log: Reporter) -> str:
             [str(python), "-m", "pip", "install", "--progress-bar", "off", PIP_WITH_GROUPS],
         ):
             if run_process(command, log.line) != 0:
-                raise WheelhouseError(f"{' '.join(command)} failed; see above")
+                raise CellError(f"{' '.join(command)} failed; see above")
         (venv / ".complete").write_text(interpreter + "\n", encoding="utf-8")
     return str(python)
 
@@ -165,7 +158,7 @@ def ensure_wheelhouse(
     probe: Callable[[str], str | None] = probe_index,
 ) -> Path:
     """The complete wheelhouse of ``request``, filled now unless an earlier fill completed."""
-    final = wheelhouse_path(cache_root, request)
+    final = request.path(cache_root)
     if (final / MANIFEST_NAME).is_file():
         log.say(f"wheelhouse: reusing {final} ({len(list(final.glob('*.whl')))} wheels)")
         return final
@@ -186,21 +179,20 @@ def ensure_wheelhouse(
         if (unreachable := probe(index_url)) is None:
             log.say(f"wheelhouse: {torch} from {index_url} (no pip configuration)")
             cert = ["--cert", cert] if (cert := pip_cert(os.environ)) else []
-            status = pip_download(
-                [*target, *cert, "--index-url", index_url, torch], without_pip_config(os.environ)
-            )
+            index = [*cert, "--index-url", index_url]
+            status = pip_download([*target, *index, torch], without_pip_config(os.environ))
         else:
             log.say(f"index {index_url} unreachable ({unreachable}); using pip's own configuration")
             status = pip_download([*target, torch], None)
         if status != 0:
-            raise WheelhouseError(
+            raise CellError(
                 f"cell {cell}: pip download of {torch} failed (exit {status}); see above. "
                 "Check the index, or set it with --index-url VARIANT=URL"
             )
-        log.say(f"wheelhouse: got {_downloaded_torch(request, staging, variant)}")
+        log.say(f"wheelhouse: got {downloaded_torch(request, staging, variant)}")
         groups = [f"--group={request.pyproject}:{name}" for name in GROUPS]
         if (status := pip_download([*target, PIP_WITH_GROUPS, *groups], None)) != 0:
-            raise WheelhouseError(f"cell {cell}: pip download of the groups failed ({status})")
+            raise CellError(f"cell {cell}: pip download of the groups failed ({status})")
         manifest = asdict(request) | {
             "pyproject": str(request.pyproject),
             "torch_index": "pip configuration" if unreachable else index_url,
@@ -219,22 +211,22 @@ def ensure_wheelhouse(
     return final
 
 
-def _downloaded_torch(request: WheelhouseRequest, staging: Path, variant: str) -> str:
+def downloaded_torch(request: WheelhouseRequest, staging: Path, variant: str) -> str:
     """The one torch wheel pip downloaded, checked to be the release and variant pinned."""
     cell, requirement = request.cell, request.torch_requirement
     found = sorted(staging.glob("torch-*.whl"))
     if len(found) != 1:
         names = ", ".join(p.name for p in found) or "none"
-        raise WheelhouseError(f"cell {cell}: expected one torch wheel for {requirement}: {names}")
+        raise CellError(f"cell {cell}: expected one torch wheel for {requirement}: {names}")
     wanted, got = requirement.removeprefix("torch=="), parse_wheel_filename(found[0].name)[1]
     if not torch_matches(wanted, str(got)):
-        raise WheelhouseError(
+        raise CellError(
             f"cell {cell}: pip downloaded {found[0].name} for {requirement}: wanted version "
             f"{wanted}, got {got}. Check the index it used (above) and pip's configuration "
             "(pip config list)"
         )
     if variant == "cuda" and (got.local or "").startswith("cpu"):
-        raise WheelhouseError(
+        raise CellError(
             f"cell {cell}: pip downloaded {found[0].name}, a CPU-only build, for a CUDA cell: a "
             "find-links folder or index of this machine offers it first. Point the cuda "
             "variant at an index with CUDA builds (--index-url cuda=URL)"

@@ -30,7 +30,7 @@ from fallback_matrix.runners import (
     plan_image,
     run_container,
 )
-from fallback_matrix.wheelhouse import MANIFEST_NAME, WheelhouseRequest, wheelhouse_path
+from fallback_matrix.wheelhouse import MANIFEST_NAME, WheelhouseRequest
 
 pytestmark = pytest.mark.docker
 
@@ -72,7 +72,7 @@ class CommandRunner:
 
 def fake_complete_wheelhouse(cache: Path, cell: Cell, repo: Path) -> None:
     request = WheelhouseRequest.for_cell(cell, repo / "pyproject.toml")
-    path = wheelhouse_path(cache, request)
+    path = request.path(cache)
     path.mkdir(parents=True)
     path.chmod(0o755)
     (path / MANIFEST_NAME).write_text(json.dumps({"test": True}))

@@ -28,7 +28,7 @@ from fallback_matrix.runners import (
     LABEL,
     DockerRunner,
     ImagePlan,
-    check_checkout_readable,
+    container_user,
     ensure_image,
     extract_archive,
     lines_of,
@@ -241,12 +241,14 @@ def _stat(uid: int, gid: int, mode: int = 0o40755) -> Any:
 
 
 def test_a_host_cache_directory_makes_the_job_run_as_its_owner() -> None:
-    from fallback_matrix.runners import cache_user
-
     # a hosted runner's workspace belongs to uid 1001, the image's user is 1000
-    assert cache_user("/home/runner/work/cache", stat=_stat(1001, 118)) == "1001:118"
-    assert cache_user("/cache", stat=_stat(0, 0)) is None  # root's: handed to the image user
-    assert cache_user("torch-fallback-matrix-cache") is None  # a named volume
+    assert (
+        container_user("/home/runner/work/cache", "/ci/repo", stat=_stat(1001, 118)) == "1001:118"
+    )
+    assert (
+        container_user("/cache", "/ci/repo", stat=_stat(0, 0)) is None
+    )  # root's: the image user's
+    assert container_user("torch-fallback-matrix-cache", "/ci/repo", stat=_stat(0, 0)) is None
 
 
 def test_the_plan_carries_the_user_and_the_network(work: Job) -> None:
@@ -263,9 +265,10 @@ def test_the_plan_carries_the_user_and_the_network(work: Job) -> None:
     )  # reaches the local index
 
 
-def test_a_checkout_the_container_user_cannot_read_is_a_clear_error():
+def test_a_checkout_the_container_user_cannot_read_is_a_clear_error() -> None:
     with pytest.raises(MatrixError, match=r"mode 700.*uid 1000.*chmod o\+rx /ci/repo"):
-        check_checkout_readable("/ci/repo", None, stat=_stat(0, 0, mode=0o40700))
+        container_user("cache-volume", "/ci/repo", stat=_stat(0, 0, mode=0o40700))
     # Readable by others, or owned by the user the container runs as: fine.
-    check_checkout_readable("/ci/repo", None, stat=_stat(0, 0))
-    check_checkout_readable("/ci/repo", "1001:118", stat=_stat(1001, 118, mode=0o40700))
+    assert container_user("cache-volume", "/ci/repo", stat=_stat(0, 0)) is None
+    owned = _stat(1001, 118, mode=0o40700)
+    assert container_user("/ci/cache", "/ci/repo", stat=owned) == "1001:118"

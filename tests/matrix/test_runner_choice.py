@@ -120,13 +120,13 @@ def test_run_cell_gives_the_job_its_wheelhouse_and_records_the_result(
 
     from fallback_matrix.cli import run_cell
     from fallback_matrix.matrix import expand_cells, load_matrix, pick_cells
-    from fallback_matrix.wheelhouse import MANIFEST_NAME, WheelhouseRequest, wheelhouse_path
+    from fallback_matrix.wheelhouse import MANIFEST_NAME, WheelhouseRequest
 
     monkeypatch.setenv("FALLBACK_MATRIX_CACHE", str(tmp_path / "cache"))
     matrix = load_matrix(repo_root / "matrix.yaml")
     (cell,) = pick_cells(expand_cells(matrix.spec), ["cpu"])
     request = WheelhouseRequest.for_cell(cell, repo_root / "pyproject.toml")
-    wheelhouse = wheelhouse_path(tmp_path / "cache", request)
+    wheelhouse = request.path(tmp_path / "cache")
     wheelhouse.mkdir(parents=True)
     (wheelhouse / MANIFEST_NAME).write_text("{}")  # complete: nothing to download
     runner = FakeRunner(status)

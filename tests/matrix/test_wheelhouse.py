@@ -10,12 +10,11 @@ from typing import Any
 
 import pytest
 
+from fallback_matrix.matrix import CellError
 from fallback_matrix.wheelhouse import (
     MANIFEST_NAME,
-    WheelhouseError,
     WheelhouseRequest,
     ensure_wheelhouse,
-    wheelhouse_path,
 )
 
 GROUPS = '{"build": ["setuptools>=69"], "test": ["pytest>=8"]}'
@@ -106,7 +105,7 @@ def test_key_changes_with_what_is_installed(changed: WheelhouseRequest) -> None:
 def test_fill_downloads_for_the_cell_platform_and_completes(tmp_path: Path, cell_log: Any) -> None:
     pip = FakePip()
     path = fill(tmp_path, cell_log, pip)
-    assert path == wheelhouse_path(tmp_path / "cache", REQUEST)
+    assert path == REQUEST.path(tmp_path / "cache")
     assert (path / MANIFEST_NAME).is_file()
     assert (path / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").is_file()
     assert path.stat().st_mode & 0o777 == 0o755  # readable by the container's user
@@ -157,7 +156,7 @@ def test_reachable_index_is_used_for_torch_only(
 def test_a_cpu_only_torch_for_a_cuda_cell_is_refused(tmp_path: Path, cell_log: Any) -> None:
     request = WheelhouseRequest("cuda-213", "3.11", "torch==2.13.0", '{"test": ["pytest>=8"]}')
     pip = FakePip(torch_wheel="torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
-    with pytest.raises(WheelhouseError, match=r"CPU-only build, for a CUDA cell"):
+    with pytest.raises(CellError, match=r"CPU-only build, for a CUDA cell"):
         ensure_wheelhouse(
             request,
             INDEX,
@@ -179,7 +178,7 @@ def test_a_complete_wheelhouse_is_reused_without_pip(tmp_path: Path, cell_log: A
 
 @pytest.mark.parametrize("pip", [FakePip(fail_on=2), FakePip(fail_on=1)])
 def test_a_failed_fill_leaves_nothing_to_trust(tmp_path: Path, cell_log: Any, pip: FakePip) -> None:
-    with pytest.raises(WheelhouseError, match="cell cpu: pip download"):
+    with pytest.raises(CellError, match="cell cpu: pip download"):
         fill(tmp_path, cell_log, pip)
     assert list((tmp_path / "cache" / "wheelhouse").iterdir()) == []
 
@@ -195,7 +194,7 @@ def test_an_interrupted_fill_leaves_nothing_and_is_redone(tmp_path: Path, cell_l
 
 
 def test_a_directory_without_manifest_is_not_trusted(tmp_path: Path, cell_log: Any) -> None:
-    stale = wheelhouse_path(tmp_path / "cache", REQUEST)
+    stale = REQUEST.path(tmp_path / "cache")
     stale.mkdir(parents=True)
     (stale / "junk.whl").write_bytes(b"")
     pip = FakePip()
@@ -206,7 +205,7 @@ def test_a_directory_without_manifest_is_not_trusted(tmp_path: Path, cell_log: A
 
 def test_a_torch_of_another_version_is_refused(tmp_path: Path, cell_log: Any) -> None:
     pip = FakePip(torch_wheel="torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl")
-    with pytest.raises(WheelhouseError, match=r"wanted version 2\.13\.0\+cpu, got 2\.13\.0"):
+    with pytest.raises(CellError, match=r"wanted version 2\.13\.0\+cpu, got 2\.13\.0"):
         fill(tmp_path, cell_log, pip)
 
 
