@@ -278,13 +278,9 @@ def cmd_list(c: Context) -> int:
     table = Table(*headers, title=f"cells of {c.matrix.file.name}")
     for cell in c.cells:
         tests = f"{' '.join(cell.tests.paths)} -m '{cell.tests.markers}'"
+        labels, selections = ", ".join(cell.runner_labels), ", ".join(cell.selections)
         row = [cell.name, cell.variant, cell.python, cell.torch, cell.cuda or "-"]
-        row += [
-            "yes" if cell.gpu else "-",
-            ", ".join(cell.runner_labels),
-            ", ".join(cell.selections),
-        ]
-        table.add_row(*row, tests)
+        table.add_row(*row, "yes" if cell.gpu else "-", labels, selections, tests)
     c.reporter.table(table)
     for variant, index in sorted({(cell.variant, cell.index) for cell in c.cells}):
         c.reporter.line(f"index {variant}: {index.url}  ({index.source})")

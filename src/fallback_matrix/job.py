@@ -1,10 +1,8 @@
 """The job of one cell, where it runs: in the cell's container, or on the host.
 
-Standard library only (and ``fallback_matrix.report``): in a container this runs on the
-image's bare Python. The runner writes a `Job` as JSON and starts ``python3 -m
-fallback_matrix.job JOB.json`` from the repository's src/. Checks that need packaging run
-in the cell's environment (``python -m fallback_matrix.job torch|wheel ...``: one JSON
-line). The steps (``STEPS``) are README.md's "What a cell does", recorded in result.json.
+Standard library only (and ``report``): in a container this runs on the image's bare Python,
+as ``python3 -m fallback_matrix.job JOB.json``. Checks that need packaging run in the cell's
+environment (``python -m fallback_matrix.job torch|wheel ...``: one JSON line).
 """
 
 import fcntl

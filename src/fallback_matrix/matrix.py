@@ -2,14 +2,13 @@
 
 Every problem of the file (YAML, a repeated key, the schema, references between keys) names
 the file, the line and the key path (``cells[1].torch``); all end up in one MatrixFileError.
-`expand_cells` is a pure function of the validated file, the environment and the overrides.
 """
 
 import difflib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple, cast
+from typing import Annotated, Any, Literal, NamedTuple, cast, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -43,10 +42,10 @@ class Problem(NamedTuple):
 class MatrixFileError(MatrixError):
     """The matrix file cannot be read or does not describe a valid matrix."""
 
-    def __init__(self, file: Path, problems: Iterable[Problem]) -> None:
-        self.file, self.problems = file, tuple(problems)
-        lines = [f"{file} is not a valid matrix ({len(self.problems)} problem(s)):"]
-        for key, message, line in self.problems:
+    def __init__(self, file: Path, problems: Sequence[Problem]) -> None:
+        self.problems = tuple(problems)
+        lines = [f"{file} is not a valid matrix ({len(problems)} problem(s)):"]
+        for key, message, line in problems:
             lines.append(
                 f"  {file}{f':{line}' if line else ''}:{f' {key}:' if key else ''} {message}"
             )
@@ -278,10 +277,10 @@ def _reference_problems(spec: MatrixFile) -> Iterator[tuple[KeyPath, str]]:
         if cell.gpu and cell.variant != "cuda":
             yield (*at, "gpu"), "gpu: true needs variant cuda; a CPU-only torch cannot use a GPU"
         if cell.pypi and cell.gpu:
-            yield (
-                (*at, "pypi"),
-                "pypi: true marks a cell that builds the wheel PyPI gets; set it on the build cell",
+            why = (
+                "pypi: true marks a cell that builds the wheel PyPI gets; set it on the build cell"
             )
+            yield (*at, "pypi"), why
         elif cell.pypi and python in pypi_cells:
             first_pypi = f"first: {pypi_cells[python]}; PyPI takes one wheel per Python"
             yield (*at, "pypi"), f"a second pypi: true cell for Python {python} ({first_pypi})"
@@ -326,7 +325,7 @@ class Cell:
 def parse_index_override(text: str) -> tuple[VariantName, str]:
     """'cpu=https://...' -> ("cpu", "https://..."), as given to --index-url."""
     variant, _, url = text.partition("=")
-    if variant in ("cpu", "cuda") and url:
+    if variant in get_args(VariantName) and url:
         return cast(VariantName, variant), url
     raise MatrixError(
         f"--index-url {text!r}: expected VARIANT=URL with VARIANT cpu or cuda, "

@@ -1,7 +1,6 @@
 """Progress lines and subprocesses: one implementation for the host and for a cell's job.
 
-Standard library only: a job runs on a container image's bare Python. The host
-prints its tables with rich (``Reporter.table``, imported only when called).
+Standard library only (a job runs on an image's bare Python); rich only in ``Reporter.table``.
 """
 
 import os

@@ -1,10 +1,9 @@
 """Runners run a cell's job: ``docker`` in the cell's build image, ``local`` with a host Python.
 
-Docker: the repository and the wheelhouse are mounted read-only, the caches (venvs, build
-dirs, ccache) live in a named volume or a host directory ($FALLBACK_MATRIX_DOCKER_CACHE;
-the job then runs as its owner, so it can write there), the artifacts are copied out at
-the end. Containers carry a label (``clean`` finds leftovers) and are removed whatever
-happens. The image's tag hashes its build context and args: an unchanged one is reused.
+Docker: the repository and wheelhouse are mounted read-only, the caches live in a named volume
+or a host directory ($FALLBACK_MATRIX_DOCKER_CACHE: the job runs as its owner), the artifacts
+are copied out at the end. Containers carry a label (``clean`` finds leftovers) and are always
+removed. The image's tag hashes its build context and args: an unchanged one is reused.
 """
 
 import dataclasses

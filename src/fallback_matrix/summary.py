@@ -1,7 +1,5 @@
-"""The summary: a table of cells x build and test results, from ``artifacts/<cell>/``.
-
-The third-party example a cell builds and tests against its wheel (step ``example``,
-results in ``<cell>/example/``) is a row of its own, ``<cell>/example``.
+"""The summary: a table of cells x build and test results, from ``artifacts/<cell>/``; the
+example a cell builds against its wheel (``<cell>/example/``) is a row of its own.
 """
 
 import json
@@ -12,7 +10,7 @@ from typing import Any, NamedTuple
 
 from rich.table import Table
 
-from .report import JUNIT_FILE, LOG_FILE, RESULT_FILE, format_elapsed
+from .report import JUNIT_FILE, RESULT_FILE, format_elapsed
 
 HEADERS = ["cell", "runner", "build", "passed", "failed", "skipped", "time", "result"]
 
@@ -44,7 +42,6 @@ class CellRow(NamedTuple):
     tests: JUnitCounts | None
     result: str
     seconds: float | None
-    log: str
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -64,27 +61,21 @@ def collect_rows(artifacts_root: Path, cells: Sequence[str] | None = None) -> li
         directory = artifacts_root / cell
         result = read_json(directory / RESULT_FILE)
         steps = {step.get("name"): step for step in result.get("steps", [])}
+        runner, tests = str(result.get("runner", "-")), read_counts(directory / JUNIT_FILE)
         passed = result.get("exit_code", 0 if result.get("result") == "passed" else 1) == 0
         build = steps.get("build", {}).get("status")
         if build is None:
             build = "not reached" if result.get("failed_step") else "-"
-        row = CellRow(
-            cell=cell,
-            runner=str(result.get("runner", "-")),
-            build=build if build in ("ok", "not reached", "-") else "failed",
-            tests=read_counts(directory / JUNIT_FILE),
-            result="passed" if passed else "FAILED",
-            seconds=result.get("seconds"),
-            log=str(directory / LOG_FILE),
-        )
-        rows.append(row)
+        build = build if build in ("ok", "not reached", "-") else "failed"
+        outcome = "passed" if passed else "FAILED"
+        rows.append(CellRow(cell, runner, build, tests, outcome, result.get("seconds")))
         if steps:  # the job ran: the example has a row, reached or not
             example = steps.get("example", {})
             state = {"ok": "ok", "failed": "failed"}.get(example.get("status", ""), "not reached")
             tests = read_counts(directory / "example" / JUNIT_FILE)
-            outcome, seconds = "passed" if state == "ok" else "FAILED", example.get("seconds")
+            outcome = "passed" if state == "ok" else "FAILED"
             rows.append(
-                CellRow(f"{cell}/example", row.runner, state, tests, outcome, seconds, row.log)
+                CellRow(f"{cell}/example", runner, state, tests, outcome, example.get("seconds"))
             )
     return rows
 

@@ -1,11 +1,8 @@
-"""Wheelhouses: every wheel a cell installs, downloaded once on the host.
-
-A container then installs offline (``--no-index --find-links``) from a read-only mount.
-A wheelhouse is named after what it holds, never after the cell: cells that install the
-same share one directory, and CI caches it once. It is filled in a temporary directory
-and renamed into place only when complete. torch comes from the variant's index with none
-of the machine's pip configuration (a find-links folder or a constraint file must not swap
-the build the cell pins), unless that index does not answer: then pip's own configuration.
+"""Wheelhouses: every wheel a cell installs, downloaded once on the host, for a container to
+install offline from a read-only mount. Named after what it holds, never after the cell (cells
+that install the same share one; CI caches it once); filled in a temporary directory, renamed
+into place when complete. torch comes from the variant's index with none of the machine's pip
+configuration (a find-links folder must not swap the build), unless that index does not answer.
 """
 
 import hashlib
