@@ -1,6 +1,8 @@
-"""Assertions on the fallback's metrics."""
+"""Assertions on the fallback's metrics and results, shared by the extension's tests."""
 
 from __future__ import annotations
+
+import torch
 
 import torch_fallback
 
@@ -16,3 +18,33 @@ def calls_on(op: str, target: str) -> int:
 def assert_fell_back(op: str, target: str) -> None:
     ran = {name: (m.calls_cpu, m.calls_cuda) for name, m in torch_fallback.metrics().items()}
     assert calls_on(op, target) > 0, f"{op} did not go through the {target} fallback; saw {ran}"
+
+
+def unboxed_calls() -> int:
+    return sum(m.calls_unboxed for m in torch_fallback.metrics().values())
+
+
+def served_unboxed(placement) -> bool:
+    """Whether relay's memory is where the ops run, so the unboxed kernels serve them."""
+    return placement.target == placement.home
+
+
+def run_both(call):
+    torch.manual_seed(0)
+    expected = call(lambda t: t)
+    torch.manual_seed(0)
+    actual = call(lambda t: t.to("relay"))
+    return actual, expected
+
+
+def assert_same(actual, expected) -> None:
+    if isinstance(expected, (tuple, list)):
+        for a, e in zip(actual, expected, strict=True):
+            assert_same(a, e)
+        return
+    if expected is None:
+        assert actual is None
+        return
+    assert actual.device.type == "relay", f"result on {actual.device}"
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    torch.testing.assert_close(actual.cpu().resolve_conj(), expected.resolve_conj())

@@ -12,7 +12,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from checks import calls_on
+from checks import assert_same, calls_on, run_both, served_unboxed, unboxed_calls
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_fallback
@@ -149,36 +149,6 @@ CALLS = [
 ]
 
 
-def unboxed_calls() -> int:
-    return sum(m.calls_unboxed for m in torch_fallback.metrics().values())
-
-
-def served_unboxed(placement) -> bool:
-    """Whether relay's memory is where the ops run, so the unboxed kernels serve them."""
-    return placement.target == placement.home
-
-
-def run_both(call):
-    torch.manual_seed(0)
-    expected = call(lambda t: t)
-    torch.manual_seed(0)
-    actual = call(lambda t: t.to("relay"))
-    return actual, expected
-
-
-def assert_same(actual, expected) -> None:
-    if isinstance(expected, (tuple, list)):
-        for a, e in zip(actual, expected, strict=True):
-            assert_same(a, e)
-        return
-    if expected is None:
-        assert actual is None
-        return
-    assert actual.device.type == "relay", f"result on {actual.device}"
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape
-    torch.testing.assert_close(actual.cpu().resolve_conj(), expected.resolve_conj())
-
-
 def test_the_hot_ops_have_unboxed_kernels_on_relay():
     missing = [
         op
@@ -207,10 +177,18 @@ def test_results_do_not_alias_their_inputs(placement):
 
 
 def test_a_cpu_scalar_tensor_among_the_arguments(placement):
-    # Not on the target: the boxed fallback takes it as a scalar, as eager does.
+    # A 0-dim CPU tensor (a Python number) stays on the CPU, as eager CUDA takes it.
     actual, expected = run_both(lambda on: torch.mul(on(torch.randn(3, 2)), torch.tensor(2.5)))
     assert_same(actual, expected)
-    assert calls_on("aten::mul.Tensor", placement.target) == 1
+    actual, expected = run_both(lambda on: on(torch.randn(3, 2)) * 0.5 + 1)
+    assert_same(actual, expected)
+    assert calls_on("aten::mul.Tensor", placement.target) == 2
+    assert (unboxed_calls() == 3) == served_unboxed(placement)
+
+
+def test_a_cpu_tensor_of_more_than_one_element_is_refused_as_eager_refuses_it(placement):
+    with pytest.raises(RuntimeError, match="must be on relay"):
+        torch.mul(torch.randn(3).to("relay"), torch.randn(3))
     assert unboxed_calls() == 0
 
 

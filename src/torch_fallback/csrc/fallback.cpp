@@ -859,6 +859,9 @@ DirectCall::~DirectCall() {
   if (!started_) return;  // the boxed fallback serves (and counts) the call
   if (pool_ != nullptr) {
     for (at::Tensor& view : views_) pool_->park(std::move(view));
+    for (auto& views : view_lists_) {
+      for (at::Tensor& view : views) pool_->park(std::move(view));
+    }
   }
   metrics::Call call;
   call.on_cuda = target_.is_cuda();
@@ -872,8 +875,13 @@ DirectCall::~DirectCall() {
 void DirectCall::offer(const at::Tensor& tensor) {
   if (!usable_ || !tensor.defined()) return;
   const c10::Device device = tensor.device();
-  if (device.type() != backend_.device_type || tensor.layout() != c10::kStrided ||
-      tensor.is_nested() || (index_ && *index_ != device.index())) {
+  if (device.type() != backend_.device_type) {
+    // TensorIterator takes 0-dim CPU tensors as scalars on any device.
+    usable_ = device.is_cpu() && tensor.dim() == 0;
+    return;
+  }
+  if (tensor.layout() != c10::kStrided || tensor.is_nested() ||
+      (index_ && *index_ != device.index())) {
     usable_ = false;
     return;
   }
@@ -881,14 +889,33 @@ void DirectCall::offer(const at::Tensor& tensor) {
   usable_ = !home_ || *home_ == home;
   index_ = device.index();
   home_ = home;
+  ++tensors_;
+}
+
+void DirectCall::offer(at::Tensor& written) {
+  // A kernel writes only the backend's memory through a view: no CPU scalar here.
+  if (written.defined() && written.device().type() != backend_.device_type) usable_ = false;
+  offer(static_cast<const at::Tensor&>(written));
+}
+
+void DirectCall::offer(at::TensorList tensors) {
+  for (const at::Tensor& tensor : tensors) offer(tensor);
 }
 
 void DirectCall::offer(std::optional<c10::ScalarType> dtype) {
   usable_ = usable_ && !(dtype && c10::isQIntType(*dtype));
 }
 
+void DirectCall::offer(std::optional<c10::Layout> layout) {
+  usable_ = usable_ && (!layout || *layout == c10::kStrided);
+}
+
 bool DirectCall::start() {
   if (!usable_ || !rules_.runs_direct || !home_) return false;
+  if (asked_device_ && (asked_device_->type() != backend_.device_type ||
+                        (asked_device_->has_index() && asked_device_->index() != *index_))) {
+    return false;
+  }
   const c10::DeviceIndex index = backend_device_index(backend_, index_);
   if (wanted_target(rules_, /*nested=*/false) == Target::Cuda) {
     if (!rules_.has_cuda_kernel || index >= cuda::device_count()) return false;
@@ -900,17 +927,47 @@ bool DirectCall::start() {
   if (*home_ != target_ || backend_.output_home(index) != target_) return false;
   index_ = index;
   pool_ = TargetImplPool::for_this_call();
+  views_.reserve(tensors_);
   started_ = true;
   if (target_.is_cuda() && cuda::device_count() > 1) device_scope_.emplace(target_.index());
   return true;
 }
 
-at::Tensor DirectCall::on_target(const at::Tensor& tensor) {
-  if (!tensor.defined()) return tensor;
-  const c10::Storage home = backend_.home_storage(tensor.storage());
-  views_.push_back(pool_ != nullptr ? pool_->take(home, target_, tensor)
-                                    : tensor_over(home, target_, tensor));
+at::Tensor DirectCall::view_of(const at::Tensor& tensor) {
+  c10::StorageImpl* backend_storage = tensor.storage().unsafeGetStorageImpl();
+  const c10::Storage* home = nullptr;
+  for (const auto& [storage, on_target] : homes_) {
+    if (storage == backend_storage) home = &on_target;
+  }
+  if (home == nullptr) {
+    homes_.emplace_back(backend_storage, backend_.home_storage(tensor.storage()));
+    home = &homes_.back().second;
+  }
+  return pool_ != nullptr ? pool_->take(*home, target_, tensor)
+                          : tensor_over(*home, target_, tensor);
+}
+
+const at::Tensor& DirectCall::on_target(const at::Tensor& tensor) {
+  if (!tensor.defined() || tensor.device().type() != backend_.device_type) return tensor;
+  views_.push_back(view_of(tensor));
   return views_.back();
+}
+
+at::Tensor& DirectCall::on_target(at::Tensor& written) {
+  if (!written.defined()) return written;
+  views_.push_back(view_of(written));
+  return views_.back();
+}
+
+at::TensorList DirectCall::on_target(at::TensorList tensors) {
+  std::vector<at::Tensor>& views = view_lists_.emplace_back();
+  views.reserve(tensors.size());
+  for (const at::Tensor& tensor : tensors) {
+    views.push_back(tensor.defined() && tensor.device().type() == backend_.device_type
+                        ? view_of(tensor)
+                        : tensor);
+  }
+  return views;
 }
 
 at::Tensor DirectCall::finish(const at::Tensor& result) {
@@ -918,6 +975,20 @@ at::Tensor DirectCall::finish(const at::Tensor& result) {
   at::Tensor on_backend = to_backend(result);
   finished_ = true;
   return on_backend;
+}
+
+std::vector<at::Tensor> DirectCall::finish(const std::vector<at::Tensor>& results) {
+  synchronize_if_asked();
+  std::vector<at::Tensor> on_backend;
+  on_backend.reserve(results.size());
+  for (const at::Tensor& result : results) on_backend.push_back(to_backend(result));
+  finished_ = true;
+  return on_backend;
+}
+
+void DirectCall::finish_in_place() {
+  synchronize_if_asked();
+  finished_ = true;
 }
 
 void DirectCall::synchronize_if_asked() const {

@@ -36,8 +36,9 @@ struct OpRules {
   std::string unservable_result;
   // CPU tensors may come with backend tensors, as CUDA allows for indexing and _foreach_ ops.
   bool accepts_cpu_tensors = false;
-  // A functional op a DirectCall may run: it writes no argument and takes no
-  // generator, device or layout, and a backend tensor can hold its results.
+  // An op a DirectCall may run: it writes no argument but in place (no out=,
+  // no resize, no hidden mutation), takes no generator, returns no view, and a
+  // backend tensor can hold its results.
   bool runs_direct = false;
   // Kernels for the targets, dense and nested (computed: composites count).
   bool has_cpu_kernel = false;

@@ -31,21 +31,34 @@
 #include <ATen/core/boxing/impl/boxing.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <ATen/ops/_foreach_add_ops.h>
+#include <ATen/ops/_foreach_addcdiv_ops.h>
+#include <ATen/ops/_foreach_addcmul_ops.h>
+#include <ATen/ops/_foreach_div_ops.h>
+#include <ATen/ops/_foreach_lerp_ops.h>
+#include <ATen/ops/_foreach_mul_ops.h>
+#include <ATen/ops/_foreach_sqrt_ops.h>
+#include <ATen/ops/_foreach_zero_ops.h>
 #include <ATen/ops/_log_softmax_backward_data_ops.h>
 #include <ATen/ops/_log_softmax_ops.h>
 #include <ATen/ops/_softmax_backward_data_ops.h>
 #include <ATen/ops/_softmax_ops.h>
+#include <ATen/ops/_to_copy_native.h>
+#include <ATen/ops/_to_copy_ops.h>
 #include <ATen/ops/add_ops.h>
 #include <ATen/ops/addmm_ops.h>
 #include <ATen/ops/bmm_ops.h>
 #include <ATen/ops/convolution_backward_ops.h>
 #include <ATen/ops/convolution_ops.h>
 #include <ATen/ops/div_ops.h>
+#include <ATen/ops/fill_ops.h>
 #include <ATen/ops/gelu_backward_ops.h>
 #include <ATen/ops/gelu_ops.h>
 #include <ATen/ops/mean_ops.h>
 #include <ATen/ops/mm_ops.h>
 #include <ATen/ops/mul_ops.h>
+#include <ATen/ops/native_dropout_backward_ops.h>
+#include <ATen/ops/native_dropout_ops.h>
 #include <ATen/ops/native_layer_norm_backward_ops.h>
 #include <ATen/ops/native_layer_norm_ops.h>
 #include <ATen/ops/nll_loss_backward_ops.h>
@@ -54,6 +67,7 @@
 #include <ATen/ops/sub_ops.h>
 #include <ATen/ops/sum_ops.h>
 #include <ATen/ops/threshold_backward_ops.h>
+#include <ATen/ops/zero_ops.h>
 #include <c10/core/Storage.h>
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
@@ -62,6 +76,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "api.h"
@@ -163,11 +178,12 @@ void batch_norm_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
 
 class TargetImplPool;
 
-// One call of a functional op whose tensors all live on the fallback target
-// already: the target's kernel runs unboxed on views of them, without the
-// boxing, the argument walk and the unboxing of the boxed fallback. Any other
-// call (a tensor elsewhere, a CPU tensor among them, a setting that sends the
-// op elsewhere) goes to the boxed fallback, which serves it in full.
+// One call of an op whose tensors all live on the fallback target already: the
+// target's kernel runs unboxed on views of them, without the boxing, the
+// argument walk and the unboxing of the boxed fallback. In-place ops write the
+// backend's memory through the views. Any other call (a tensor elsewhere, a
+// setting that sends the op elsewhere, a device or layout argument that asks
+// for another device or layout) goes to the boxed fallback, which serves it in full.
 class TORCH_FALLBACK_API DirectCall {
  public:
   DirectCall(const BackendAdapter& backend, const c10::OperatorHandle& op);
@@ -175,30 +191,41 @@ class TORCH_FALLBACK_API DirectCall {
   DirectCall(const DirectCall&) = delete;
   DirectCall& operator=(const DirectCall&) = delete;
 
-  // Each argument, before start().
+  // Each argument, before start(). A 0-dim CPU tensor (a Python number) may
+  // come with backend tensors, as on CUDA.
   void offer(const at::Tensor& tensor);
+  void offer(at::Tensor& written);
   void offer(const std::optional<at::Tensor>& tensor) {
     if (tensor.has_value()) offer(*tensor);
   }
+  void offer(at::TensorList tensors);
   void offer(std::optional<c10::ScalarType> dtype);
   void offer(c10::ScalarType dtype) { offer(std::optional<c10::ScalarType>(dtype)); }
+  void offer(std::optional<c10::Device> device) { asked_device_ = device; }
+  void offer(std::optional<c10::Layout> layout);
   template <typename T>
-  void offer(const T& /*not a tensor*/) {}
+  void offer(const T& /*neither a tensor nor a device, dtype or layout*/) {}
 
   // Whether this call runs directly; if so, picks the target and enters its device.
   bool start();
 
-  // Each argument as the target kernel takes it.
-  at::Tensor on_target(const at::Tensor& tensor);
+  // Each argument as the target kernel takes it: views of the backend tensors.
+  const at::Tensor& on_target(const at::Tensor& tensor);
+  at::Tensor& on_target(at::Tensor& written);
   std::optional<at::Tensor> on_target(const std::optional<at::Tensor>& tensor) {
     return tensor.has_value() ? std::optional<at::Tensor>(on_target(*tensor)) : tensor;
+  }
+  at::TensorList on_target(at::TensorList tensors);
+  // The tensors' device, which start() checked: the views are on the target.
+  std::optional<c10::Device> on_target(std::optional<c10::Device> /*device*/) {
+    return std::nullopt;
   }
   template <typename T>
   T& on_target(T& value) {
     return value;
   }
 
-  // The kernel's results as backend tensors.
+  // The kernel's results as backend tensors; an in-place op's are its backend arguments.
   at::Tensor finish(const at::Tensor& result);
   template <typename... Tensors>
   std::tuple<Tensors...> finish(const std::tuple<Tensors...>& results) {
@@ -209,6 +236,8 @@ class TORCH_FALLBACK_API DirectCall {
     finished_ = true;
     return on_backend;
   }
+  std::vector<at::Tensor> finish(const std::vector<at::Tensor>& results);
+  void finish_in_place();
 
   // Says which op and target raised `error`.
   void add_context(c10::Error& error) const;
@@ -216,6 +245,7 @@ class TORCH_FALLBACK_API DirectCall {
  private:
   at::Tensor to_backend(const at::Tensor& result);
   void synchronize_if_asked() const;
+  at::Tensor view_of(const at::Tensor& tensor);
 
   const BackendAdapter& backend_;
   const OpRules& rules_;
@@ -223,29 +253,47 @@ class TORCH_FALLBACK_API DirectCall {
   bool usable_ = true;
   bool started_ = false;
   bool finished_ = false;
+  size_t tensors_ = 0;  // backend tensors offered
   std::optional<c10::DeviceIndex> index_;
   std::optional<c10::Device> home_;  // of the tensors offered
+  std::optional<c10::Device> asked_device_;
   c10::Device target_{c10::kCPU};
   std::optional<cuda::DeviceScope> device_scope_;
   TargetImplPool* pool_ = nullptr;  // this thread's, where target tensors may be reused
-  c10::SmallVector<at::Tensor, 4> views_;
+  // The target storage of each backend storage, once per call: tensors that
+  // share memory on the backend share it on the target, as kernels' overlap checks expect.
+  c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 4> homes_;
+  c10::SmallVector<at::Tensor, 4> views_;  // sized in start(): references to them stay valid
+  c10::SmallVector<std::vector<at::Tensor>, 1> view_lists_;
 };
 
 // An unboxed kernel for the op `Op` (an at::_ops struct): DirectCall where it
-// serves the call, else the boxed fallback.
+// serves the call, else `Otherwise` (the boxed fallback unless given).
 template <const BackendAdapter& (*Adapter)(), typename Op, typename Schema = typename Op::schema>
 struct DirectKernel;
 
 template <const BackendAdapter& (*Adapter)(), typename Op, typename Result, typename... Args>
 struct DirectKernel<Adapter, Op, Result(Args...)> {
-  static Result call(Args... args) {
-    static const c10::OperatorHandle op =
-        c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
+  static Result call(Args... args) { return call_or(&boxed, args...); }
+
+  static Result boxed(Args... args) {
+    torch::jit::Stack stack = c10::impl::boxArgs<Args...>(args...);
+    boxed_fallback(Adapter(), handle(), &stack);
+    if constexpr (std::is_void_v<Result>) {
+      return;
+    } else if constexpr (std::is_same_v<Result, at::Tensor&>) {
+      return std::get<0>(std::forward_as_tuple(args...));  // in place: self
+    } else {
+      return c10::impl::PopResult<Result>::call(stack);
+    }
+  }
+
+  static Result call_or(Result (*otherwise)(Args...), Args... args) {
     {
-      DirectCall direct(Adapter(), op);
+      DirectCall direct(Adapter(), handle());
       (direct.offer(args), ...);
       if (direct.start()) {
-        const auto run = [&] {
+        const auto run = [&]() -> Result {
           try {
             return Op::call(direct.on_target(args)...);
           } catch (c10::Error& error) {
@@ -253,12 +301,47 @@ struct DirectKernel<Adapter, Op, Result(Args...)> {
             throw;
           }
         };
-        return direct.finish(run());
+        if constexpr (std::is_void_v<Result>) {
+          run();
+          direct.finish_in_place();
+          return;
+        } else if constexpr (std::is_same_v<Result, at::Tensor&>) {
+          // An in-place op: it wrote its first argument (self) through the view.
+          static_assert(std::is_same_v<std::tuple_element_t<0, std::tuple<Args...>>, at::Tensor&>);
+          run();
+          direct.finish_in_place();
+          return std::get<0>(std::forward_as_tuple(args...));
+        } else {
+          return direct.finish(run());
+        }
       }
     }
-    torch::jit::Stack stack = c10::impl::boxArgs<Args...>(args...);
-    boxed_fallback(Adapter(), op, &stack);
-    return c10::impl::PopResult<Result>::call(stack);
+    return otherwise(args...);
+  }
+
+ private:
+  static const c10::OperatorHandle& handle() {
+    static const c10::OperatorHandle op =
+        c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
+    return op;
+  }
+};
+
+// _to_copy (every .to() and autocast's casts) runs directly when it stays on
+// the backend device; a copy to another device or layout runs as eager runs it.
+template <const BackendAdapter& (*Adapter)()>
+struct ToCopyKernel {
+  static at::Tensor call(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
+                         std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                         std::optional<bool> pin_memory, bool non_blocking,
+                         std::optional<c10::MemoryFormat> memory_format) {
+    if (pin_memory.value_or(false)) {  // pinned host memory
+      return at::native::_to_copy(self, dtype, layout, device, pin_memory, non_blocking,
+                                  memory_format);
+    }
+    return DirectKernel<Adapter, at::_ops::_to_copy>::call_or(
+        &at::native::_to_copy, self, dtype, layout, device, pin_memory, non_blocking,
+        memory_format);
   }
 };
 
@@ -313,7 +396,17 @@ void register_kernels(torch::Library& aten) {
       ops::threshold_backward, ops::gelu, ops::gelu_backward, ops::_softmax,
       ops::_softmax_backward_data, ops::_log_softmax, ops::_log_softmax_backward_data,
       ops::native_layer_norm, ops::native_layer_norm_backward, ops::sum_dim_IntList,
-      ops::mean_dim, ops::nll_loss_forward, ops::nll_loss_backward>(aten);
+      ops::mean_dim, ops::nll_loss_forward, ops::nll_loss_backward, ops::native_dropout,
+      ops::native_dropout_backward,
+      // in place: gradient accumulation, zero_grad(set_to_none=False), the optimizers
+      ops::add__Tensor, ops::sub__Tensor, ops::mul__Tensor, ops::div__Tensor, ops::mul__Scalar,
+      ops::zero_, ops::fill__Scalar, ops::_foreach_add__Scalar, ops::_foreach_add__List,
+      ops::_foreach_mul__Scalar, ops::_foreach_mul__List, ops::_foreach_div__ScalarList,
+      ops::_foreach_addcmul__Scalar, ops::_foreach_addcdiv__ScalarList,
+      ops::_foreach_lerp__Scalar, ops::_foreach_zero_, ops::_foreach_sqrt>(aten);
+  if (!detail::has_kernel("_to_copy", Adapter().device_type)) {
+    aten.impl("_to_copy", TORCH_FN(detail::ToCopyKernel<Adapter>::call));
+  }
   for (const char* name : {"native_batch_norm", "native_batch_norm_backward"}) {
     if (detail::has_kernel(name, Adapter().device_type)) continue;
     aten.impl(name,

@@ -1,0 +1,190 @@
+"""In-place ops, the optimizers' _foreach_ ops, casts and dropout run unboxed too.
+
+An in-place op writes relay's memory through a view of it, so the relay tensor
+keeps its identity and storage. Tensors that share a relay storage share one
+target storage, so that the kernels' overlap checks see what eager's see.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from checks import assert_same, calls_on, run_both, served_unboxed, unboxed_calls
+
+import torch_fallback
+
+pytestmark = pytest.mark.usefixtures("placement")
+
+aten = torch.ops.aten
+
+IN_PLACE_OPS = [
+    "aten::add_.Tensor", "aten::sub_.Tensor", "aten::mul_.Tensor", "aten::div_.Tensor",
+    "aten::mul_.Scalar", "aten::zero_", "aten::fill_.Scalar", "aten::_foreach_add_.Scalar",
+    "aten::_foreach_add_.List", "aten::_foreach_mul_.Scalar", "aten::_foreach_mul_.List",
+    "aten::_foreach_div_.ScalarList", "aten::_foreach_addcmul_.Scalar",
+    "aten::_foreach_addcdiv_.ScalarList", "aten::_foreach_lerp_.Scalar", "aten::_foreach_zero_",
+]  # fmt: skip
+OTHER_OPS = ["aten::_foreach_sqrt", "aten::_to_copy", "aten::native_dropout",
+             "aten::native_dropout_backward"]  # fmt: skip
+
+
+def grid(on):
+    return on(torch.arange(24.0).reshape(4, 6))
+
+
+def tensors(on, count=3):
+    return [on(torch.rand(2, 3) + 0.5) for _ in range(count)]
+
+
+# (name, call): each call takes a function that puts a CPU tensor where the op
+# runs, and returns the tensors it wrote.
+CALLS = [
+    ("add_ slice, transposed other", lambda on: grid(on)[:, 1:5].add_(on(torch.randn(4, 4)).t(),
+                                                                        alpha=2)),
+    ("add_ self", lambda on: (lambda x: x.add_(x))(on(torch.randn(5)))),
+    ("add_ python number", lambda on: on(torch.randn(3)).add_(1.5)),
+    ("sub_ broadcast", lambda on: on(torch.randn(3, 4)).sub_(on(torch.randn(4)))),
+    ("mul_ cpu scalar tensor", lambda on: on(torch.randn(3)).mul_(torch.tensor(0.5))),
+    ("mul_.Scalar", lambda on: aten.mul_.Scalar(on(torch.randn(2, 2)), 3)),
+    ("div_ conj", lambda on: on(torch.randn(4, dtype=torch.cfloat)).div_(
+        on(torch.randn(4, dtype=torch.cfloat)).conj())),
+    ("zero_ strided view", lambda on: grid(on)[::2, 1::2].zero_()),
+    ("fill_ offset view", lambda on: grid(on)[1:3].fill_(7)),
+    ("fill_ bool", lambda on: on(torch.zeros(3, dtype=torch.bool)).fill_(True)),
+    ("_foreach_add_ list", lambda on: (lambda a, b: (torch._foreach_add_(a, b, alpha=0.5), a)[1])(
+        tensors(on), tensors(on))),
+    ("_foreach_add_ scalar", lambda on: (lambda a: (torch._foreach_add_(a, 1.0), a)[1])(
+        tensors(on))),
+    ("_foreach_mul_ scalar, one storage", lambda on: (lambda x: (
+        torch._foreach_mul_([x[:2], x[2:]], 2.0), [x])[1])(on(torch.randn(5)))),
+    ("_foreach_mul_ list", lambda on: (lambda a, b: (torch._foreach_mul_(a, b), a)[1])(
+        tensors(on), tensors(on))),
+    ("_foreach_div_ scalar list", lambda on: (lambda a: (
+        torch._foreach_div_(a, [1.0, 2.0, 4.0]), a)[1])(tensors(on))),
+    ("_foreach_addcmul_", lambda on: (lambda a, b, c: (
+        torch._foreach_addcmul_(a, b, c, value=0.1), a)[1])(tensors(on), tensors(on),
+                                                          tensors(on))),
+    ("_foreach_addcdiv_ scalar list", lambda on: (lambda a, b, c: (
+        torch._foreach_addcdiv_(a, b, c, [0.1, 0.2, 0.3]), a)[1])(tensors(on), tensors(on),
+                                                                 tensors(on))),
+    ("_foreach_lerp_", lambda on: (lambda a, b: (torch._foreach_lerp_(a, b, 0.1), a)[1])(
+        tensors(on), tensors(on))),
+    ("_foreach_zero_", lambda on: (lambda a: (torch._foreach_zero_(a), a)[1])(tensors(on))),
+]  # fmt: skip
+
+
+def test_the_in_place_ops_and_casts_have_unboxed_kernels_on_relay():
+    missing = [
+        op
+        for op in IN_PLACE_OPS + OTHER_OPS
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(op, "PrivateUse1")
+    ]
+    assert not missing, f"no PrivateUse1 kernel for {missing}"
+
+
+@pytest.mark.parametrize("name, call", CALLS, ids=[name for name, _ in CALLS])
+def test_in_place_op_writes_relay_memory_as_eager_writes(placement, name, call):
+    torch.manual_seed(0)
+    expected = call(lambda t: t)
+    torch.manual_seed(0)
+    written = []
+
+    def on_relay(t):
+        t = t.to("relay")
+        written.append((t, t.untyped_storage().data_ptr()))
+        return t
+
+    actual = call(on_relay)
+    assert_same(actual, expected)
+    # The relay tensors were written where they are: same storage, same memory.
+    for tensor, data_ptr in written:
+        assert tensor.untyped_storage().data_ptr() == data_ptr
+    served = sum(calls_on(op, placement.target) for op in IN_PLACE_OPS)
+    assert served > 0, torch_fallback.metrics()
+    assert (unboxed_calls() > 0) == served_unboxed(placement)
+
+
+def test_an_in_place_op_on_overlapping_memory_fails_as_eager_fails(placement):
+    x = torch.arange(6.0)
+    with pytest.raises(RuntimeError, match="single memory location") as eager:
+        x[1:].add_(x[:-1])
+    y = torch.arange(6.0).to("relay")
+    with pytest.raises(RuntimeError, match="single memory location") as relay:
+        y[1:].add_(y[:-1])
+    assert str(eager.value).splitlines()[0] in str(relay.value)
+    assert torch.equal(y.cpu(), torch.arange(6.0))
+
+
+def test_an_in_place_op_that_cannot_cast_fails_as_eager_fails(placement):
+    message = "result type Float can't be cast to the desired output type Long"
+    with pytest.raises(RuntimeError, match=message):
+        torch.arange(4).div_(torch.full((4,), 3))
+    with pytest.raises(RuntimeError, match=message):
+        torch.arange(4).to("relay").div_(torch.full((4,), 3).to("relay"))
+
+
+def test_foreach_sqrt_gives_new_relay_tensors(placement):
+    actual, expected = run_both(lambda on: torch._foreach_sqrt(tensors(on)))
+    assert_same(actual, expected)
+    assert (torch_fallback.metrics()["aten::_foreach_sqrt"].calls_unboxed == 1) == served_unboxed(
+        placement
+    )
+
+
+CASTS = [
+    ("to bfloat16", lambda t: t.to(torch.bfloat16)),
+    ("to float64, transposed", lambda t: t.t().to(torch.float64)),
+    ("channels_last", lambda t: t.reshape(1, 2, 3, 4).to(memory_format=torch.channels_last)),
+    ("explicit device and dtype", lambda t: t.to(t.device, torch.float16, copy=True)),
+    ("non_blocking", lambda t: t.to(torch.int32, non_blocking=True)),
+    ("conj", lambda t: t.to(torch.cfloat).conj().to(torch.cdouble)),
+]
+
+
+@pytest.mark.parametrize("name, cast", CASTS, ids=[name for name, _ in CASTS])
+def test_a_cast_on_the_device_runs_unboxed_and_matches_eager(placement, name, cast):
+    source = torch.randn(4, 6)
+    expected = cast(source)
+    actual = cast(source.to("relay"))
+    assert_same(actual, expected)
+    assert actual.stride() == expected.stride()
+    unboxed = torch_fallback.metrics()["aten::_to_copy"].calls_unboxed
+    assert (unboxed > 0) == served_unboxed(placement)
+
+
+def test_a_copy_to_another_device_runs_as_eager_runs_it(placement):
+    x = torch.randn(3, 4).to("relay")
+    on_cpu = x.to("cpu", torch.float64)
+    assert on_cpu.device.type == "cpu"
+    torch.testing.assert_close(on_cpu, x.cpu().double())
+    assert "aten::_to_copy" not in torch_fallback.metrics()
+
+
+def test_autocast_on_relay_matches_autocast_on_the_cpu(placement):
+    x, w = torch.randn(8, 16), torch.randn(4, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = F.linear(x, w)
+    with torch.autocast("relay", dtype=torch.bfloat16):
+        actual = F.linear(x.to("relay"), w.to("relay"))
+    assert actual.dtype == expected.dtype == torch.bfloat16
+    torch.testing.assert_close(actual.cpu(), expected, atol=0.05, rtol=0.02)
+
+
+def test_dropout_keeps_what_its_mask_keeps_and_its_backward_scales(placement):
+    x = torch.rand(64, 64).to("relay") + 1
+    out, mask = aten.native_dropout(x, 0.25, True)
+    assert mask.device.type == "relay" and mask.dtype == torch.bool
+    torch.testing.assert_close(out.cpu(), x.cpu() * mask.cpu() / 0.75)
+    kept = mask.cpu().float().mean().item()
+    assert 0.65 < kept < 0.85
+    grad = aten.native_dropout_backward(torch.ones_like(x), mask, 1 / 0.75)
+    torch.testing.assert_close(grad.cpu(), mask.cpu() / 0.75)
+    if placement.target == "cpu":  # the CPU generator, seeded as eager's
+        torch.manual_seed(3)
+        expected = aten.native_dropout(torch.ones(50), 0.5, True)
+        torch.manual_seed(3)
+        actual = aten.native_dropout(torch.ones(50).to("relay"), 0.5, True)
+        assert_same(actual, expected)
+    dropout = torch_fallback.metrics()["aten::native_dropout"]
+    assert (dropout.calls_unboxed > 0) == served_unboxed(placement)
