@@ -149,8 +149,8 @@ def test_a_cast_on_the_device_runs_unboxed_and_matches_eager(placement, name, ca
     actual = cast(source.to("relay"))
     assert_same(actual, expected)
     assert actual.stride() == expected.stride()
-    unboxed = torch_fallback.metrics()["aten::_to_copy"].calls_unboxed
-    assert (unboxed > 0) == served_unboxed(placement)
+    # Elsewhere the cast runs as eager runs it, outside the fallback's metrics.
+    assert (unboxed_calls() > 0) == served_unboxed(placement)
 
 
 def test_a_copy_to_another_device_runs_as_eager_runs_it(placement):
