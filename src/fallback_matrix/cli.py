@@ -50,7 +50,6 @@ class CellResult(NamedTuple):
 
 
 def cache_root(repo: Path) -> Path:
-    """<repo>/.cache/fallback-matrix, or $FALLBACK_MATRIX_CACHE."""
     configured = os.environ.get(CACHE_ENV)
     return Path(configured).resolve() if configured else repo / ".cache" / "fallback-matrix"
 
@@ -71,8 +70,7 @@ def source_files(repo: Path) -> list[str]:
 
 
 def make_job(matrix: LoadedMatrix, cell: Cell, cache: Path, artifacts: Path, **options: Any) -> Job:
-    """The job of ``cell`` with host paths (the Docker runner maps them into its container);
-    ``options``: the other Job fields, ``wheelhouse`` among them."""
+    """The job of ``cell`` with host paths (the Docker runner maps them into its container)."""
     local, tests, image = cache / "local", cell.tests, cell.image
     return Job(
         cell=cell.name,
@@ -225,8 +223,6 @@ def local_index(tools: Path, directory: Path, log: Reporter) -> Iterator[str]:
 
 
 class Context:
-    """What every subcommand needs: the matrix, its cells, where results go, the reporter."""
-
     def __init__(self, args: argparse.Namespace, reporter: Reporter) -> None:
         self.args, self.reporter = args, reporter
         file = Path(args.matrix) if args.matrix else matrix.find_matrix_file(Path.cwd())
@@ -337,7 +333,6 @@ def cmd_dist(c: Context) -> int:
 
 
 def cmd_publish_local(c: Context) -> int:
-    """twine upload to a local pypiserver, then a fresh container installs from it."""
     wheels = sorted({w.name: w for w in c.artifacts.glob("*/torch_fallback-*.whl")}.values())
     if not wheels:
         c.reporter.error(f"no wheels under {c.artifacts}; build cells first (nox -s build-cpu)")

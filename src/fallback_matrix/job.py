@@ -429,14 +429,11 @@ def torch_matches(pin: str, version: str) -> bool:
 
 
 def cuda_matches(expected: str | None, cuda: str | None) -> bool:
-    """torch.version.cuda against a cell's CUDA major (None: a CPU-only build)."""
-    from packaging.version import Version
-
-    return expected == (str(Version(cuda).major) if cuda else None)
+    """torch.version.cuda ("13.0") against a cell's CUDA major (None: a CPU-only build)."""
+    return expected == (cuda.split(".")[0] if cuda else None)
 
 
 def torch_pins(wheel: Path) -> list[str]:
-    """The specifiers of the ``torch`` requirements in a wheel's METADATA."""
     from packaging.metadata import Metadata
 
     with zipfile.ZipFile(wheel) as archive:

@@ -32,8 +32,6 @@ class CellError(MatrixError):
 
 
 class Problem(NamedTuple):
-    """One thing wrong in the matrix file, located by key path (and line, when known)."""
-
     key_path: str
     message: str
     line: int | None = None
@@ -182,7 +180,6 @@ def format_key_path(path: Iterable[str | int]) -> str:
 
 
 def find_matrix_file(start: Path) -> Path:
-    """The matrix.yaml in ``start`` or its nearest ancestor."""
     for directory in (start.resolve(), *start.resolve().parents):
         if (directory / MATRIX_FILE_NAME).is_file():
             return directory / MATRIX_FILE_NAME
@@ -369,7 +366,6 @@ def expand_cells(
 
 
 def pick_cells(cells: Iterable[Cell], names: Iterable[str]) -> tuple[Cell, ...]:
-    """The cells called ``names``, in the order asked; a MatrixError names any unknown one."""
     by_name = {cell.name: cell for cell in cells}
     wanted = list(dict.fromkeys(names))
     unknown = [name for name in wanted if name not in by_name]

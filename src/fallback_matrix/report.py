@@ -37,7 +37,6 @@ class Reporter:
 
     @contextmanager
     def for_cell(self, cell: str, path: Path) -> Iterator["Reporter"]:
-        """A reporter for one cell, whose lines also go to the cell's log file ``path``."""
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("w", encoding="utf-8") as file:
             yield Reporter(self.stream, cell, path, self.started, file=file)

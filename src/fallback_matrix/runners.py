@@ -50,7 +50,6 @@ class Runner(Protocol):
 
     def run(self, job: Job, log: Reporter) -> tuple[int, str]:
         """Run ``job`` (host paths) to its end: its exit status, and where it ran."""
-        ...
 
 
 class EngineStatus(NamedTuple):

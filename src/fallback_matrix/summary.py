@@ -105,7 +105,6 @@ def render_markdown(rows: Sequence[CellRow], title: str = "matrix") -> str:
 
 
 def closing_line(rows: Sequence[CellRow], label: str = "matrix") -> str:
-    """One plain line: '<label>: N passed, N failed, N skipped'."""
     counts = [row.tests for row in rows if row.tests is not None]
     passed, failed, skipped = (sum(column) for column in zip(*counts, JUnitCounts(), strict=True))
     return f"{label}: {passed} passed, {failed} failed, {skipped} skipped"

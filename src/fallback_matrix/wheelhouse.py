@@ -113,7 +113,6 @@ def pip_cert(environ: Mapping[str, str]) -> str | None:
 
 
 def pip_has_groups() -> bool:
-    """Whether this interpreter's pip installs dependency groups (--group)."""
     try:
         pip = importlib.metadata.version("pip")
     except importlib.metadata.PackageNotFoundError:
