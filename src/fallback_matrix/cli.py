@@ -5,7 +5,6 @@ Exit status: 0 when everything asked for passed, 1 when a cell or test failed,
 """
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
@@ -235,7 +234,7 @@ class Context:
 
     def cell(self, name: str, results_name: str | None = None) -> Cell:
         (cell,) = pick_cells(self.cells, [name])
-        return dataclasses.replace(cell, name=results_name or name)
+        return cell.model_copy(update={"name": results_name or name})
 
     def run(self, cells: Sequence[Cell], **options: Any) -> list[CellResult]:
         runner, reason = runners.choose_runner(self.args.runner)

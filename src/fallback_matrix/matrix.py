@@ -112,14 +112,17 @@ class VariantSpec(_Strict):
     index_url_env: str = Field(pattern=r"^[A-Z][A-Z0-9_]*$", description="a variable name")
 
 
-class CellSpec(_Strict):  # as written in the file; `Cell`: with the defaults applied
+class _CellFields(_Strict):  # what `CellSpec` (as written in the file) and `Cell` share
     name: CellName
     variant: VariantName = Field(description="the torch variant: cpu or cuda")
     torch: str = Field(pattern=TORCH_PATTERN, description='the torch version to pin, "2.13.0"')
     cuda: str | None = Field(default=None, pattern=r"^[0-9]+$", description='a CUDA major, "13"')
-    python: PythonVersion | None = None
     gpu: bool = Field(default=False, description="true when the tests need a visible GPU")
     pypi: bool = Field(default=False, description="true for the cell whose wheel PyPI gets")
+
+
+class CellSpec(_CellFields):  # as written in the file; `Cell`: with the defaults applied
+    python: PythonVersion | None = None
     runner: str | None = Field(default=None, description="a key of `runners`")
     selections: list[SelectionName] | None = Field(default=None, min_length=1)
     image: ImageOverride | None = None
@@ -297,17 +300,10 @@ class IndexUrl:
     source: str
 
 
-@dataclass(frozen=True)
-class Cell:
+class Cell(_CellFields):
     """One cell with the defaults applied: everything needed to build and test it."""
 
-    name: str
-    variant: VariantName
     python: str
-    torch: str
-    cuda: str | None
-    gpu: bool
-    pypi: bool
     index: IndexUrl
     image: ImageSpec
     tests: TestSelection
@@ -353,7 +349,7 @@ def expand_cells(
         image, tests = (cell.image or ImageOverride(), cell.tests or TestOverride())
         cells.append(
             Cell(
-                **cell.model_dump(include={"name", "variant", "torch", "cuda", "gpu", "pypi"}),
+                **cell.model_dump(include=set(_CellFields.model_fields)),
                 python=cell.python or defaults.python,
                 index=index,
                 image=defaults.image.model_copy(update=image.model_dump(exclude_none=True)),

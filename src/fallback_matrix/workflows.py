@@ -132,7 +132,7 @@ def cell_jobs(
         values = values_of(cell, groups) | {"source": source.name, "labels": labels}
         jobs[f"gpu-{cell.name}"] = workflow_job("gpu", values)
     for cross in cross_tests(cells):
-        values = values_of(dataclasses.replace(cross.cuda, name=cross.name), groups)
+        values = values_of(cross.cuda.model_copy(update={"name": cross.name}), groups)
         values |= {"source": cross.cpu.name, "cuda": cross.cuda.name}
         jobs[cross.name] = workflow_job("cross", values, skip)
     return jobs
