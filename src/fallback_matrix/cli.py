@@ -158,15 +158,6 @@ def find_wheel(path: Path, what: str = "--wheel") -> Path:
     return wheels[0]
 
 
-def stage_wheel(repo: Path, wheel: Path, name: str) -> Path:
-    """A copy of ``wheel`` under the repository, where every runner (a container too) sees it,
-    and safe from the results directory this run replaces."""
-    staging = repo / ".cache" / "test-wheel" / name
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    return Path(shutil.copy2(wheel, staging / wheel.name))
-
-
 def collect_dist(artifacts: Path, cells: Sequence[Cell], out: Path, tag: str | None) -> list[Path]:
     """Copy the PyPI cells' wheels to ``out`` after checking what PyPI and users need."""
     problems, wheels = [], []
@@ -254,8 +245,7 @@ class Context:
         """The summary table (also markdown for GitHub), a closing line, the failures."""
         rows = summary.collect_rows(self.artifacts, names)
         if not rows:
-            self.reporter.error(f"no cell results under {self.artifacts}; run cells first")
-            return EXIT_USAGE
+            raise MatrixError(f"no cell results under {self.artifacts}; run cells first")
         self.reporter.table(summary.render_table(rows, title=title))
         if target := os.environ.get("GITHUB_STEP_SUMMARY"):
             with open(target, "a", encoding="utf-8") as handle:
@@ -316,8 +306,13 @@ def cmd_tooling_tests(c: Context) -> int:
 
 
 def cmd_test_wheel(c: Context) -> int:
-    cell = c.cell(c.args.cell, c.args.name)
-    wheel = stage_wheel(c.matrix.root, find_wheel(Path(c.args.wheel)), cell.name)
+    cell, found = c.cell(c.args.cell, c.args.name), find_wheel(Path(c.args.wheel))
+    # a copy under the repository, where every runner (a container too) sees it, and safe from
+    # the results directory this run replaces
+    staging = c.matrix.root / ".cache" / "test-wheel" / cell.name
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    wheel = Path(shutil.copy2(found, staging / found.name))
     c.reporter.rule(f"testing {wheel.name} in cell {c.args.cell} (results: {cell.name})")
     return c.publish([cell.name], "wheel tests", c.run([cell], prebuilt_wheel=str(wheel)))
 
@@ -334,8 +329,7 @@ def cmd_dist(c: Context) -> int:
 def cmd_publish_local(c: Context) -> int:
     wheels = sorted({w.name: w for w in c.artifacts.glob("*/torch_fallback-*.whl")}.values())
     if not wheels:
-        c.reporter.error(f"no wheels under {c.artifacts}; build cells first (nox -s build-cpu)")
-        return EXIT_USAGE
+        raise MatrixError(f"no wheels under {c.artifacts}; build cells first (nox -s build-cpu)")
     version = find_wheel(c.artifacts / c.args.cell).name.split("-")[1]
     cell = c.cell(c.args.cell, f"{c.args.cell}-from-index")
     packages = cache_root(c.matrix.root) / "local-index"

@@ -328,15 +328,21 @@ def test_self_hosted_runner_justified_only_where_pull_requests_cannot_reach_it(
     assert "zizmor: ignore" not in planned[".github/workflows/matrix-pr.yml"]
 
 
-def test_test_wheel_maps_the_staged_wheel_to_where_the_job_sees_the_repo(tmp_path: Path) -> None:
-    from fallback_matrix.cli import find_wheel, stage_wheel
-
+def test_test_wheel_maps_the_staged_wheel_to_where_the_job_sees_the_repo(
+    tmp_path: Path, write_matrix: Any, matrix_data: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     built = tmp_path / "artifacts" / "cuda"
     built.mkdir(parents=True)
     (built / "torch_fallback-0.1.0-cp311-cp311-linux_x86_64.whl").write_bytes(b"wheel")
-    wheel = stage_wheel(tmp_path, find_wheel(built), "cuda")
+    runs: list[dict[str, Any]] = []
+    monkeypatch.setattr(cli.Context, "run", lambda self, cells, **options: runs.append(options))
+    monkeypatch.setattr(cli.Context, "publish", lambda self, *args: cli.EXIT_OK)
+    matrix = write_matrix(matrix_data)
+    assert cli.main(["--matrix", str(matrix), "test-wheel", "cuda", "--wheel", str(built)]) == 0
+    (options,) = runs
+    wheel = Path(options["prebuilt_wheel"])
     assert wheel.read_bytes() == b"wheel"
-    relative = wheel.relative_to(tmp_path).as_posix()
+    relative = wheel.relative_to(matrix.parent).as_posix()
     assert relative == ".cache/test-wheel/cuda/torch_fallback-0.1.0-cp311-cp311-linux_x86_64.whl"
 
 
