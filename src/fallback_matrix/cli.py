@@ -73,13 +73,10 @@ def make_job(matrix: LoadedMatrix, cell: Cell, cache: Path, artifacts: Path, **o
     local, tests, image = cache / "local", cell.tests, cell.image
     return Job(
         cell=cell.name,
-        python=cell.python,
-        torch=cell.torch,
-        cuda=cell.cuda,
+        **cell.model_dump(include={"python", "torch", "cuda", "gpu"}),
         test_paths=list(tests.paths),
         test_markers=tests.markers,
         allow_empty=tests.allow_empty,
-        gpu=cell.gpu,
         sources=source_files(matrix.root),
         repo=str(matrix.root),
         cache=str(local),
