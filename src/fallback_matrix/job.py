@@ -236,8 +236,7 @@ def one_wheel(directory: Path, what: str) -> Path:
 
 
 def build_wheel(job: Job, torch_version: str, env: Mapping[str, str]) -> tuple[Path, str]:
-    """pip wheel of the build dir; the wheel must require exactly the torch release it was
-    built against. Returns the wheel and its torch requirement."""
+    """pip wheel of the build dir; it must pin exactly the torch release it was built against."""
     dist = Path(job.work) / "dist"
     shutil.rmtree(dist, ignore_errors=True)
     if "CCACHE_DIR" in env:
