@@ -1,4 +1,4 @@
-"""In-place ops, the optimizers' _foreach_ ops, casts and dropout run unboxed too.
+"""In-place ops, the optimizers' _foreach_ ops and dropout run unboxed too.
 
 An in-place op writes relay's memory through a view of it, so the relay tensor
 keeps its identity and storage. Tensors that share a relay storage share one
@@ -25,8 +25,7 @@ IN_PLACE_OPS = [
     "aten::_foreach_div_.ScalarList", "aten::_foreach_addcmul_.Scalar",
     "aten::_foreach_addcdiv_.ScalarList", "aten::_foreach_lerp_.Scalar", "aten::_foreach_zero_",
 ]  # fmt: skip
-OTHER_OPS = ["aten::_foreach_sqrt", "aten::_to_copy", "aten::native_dropout",
-             "aten::native_dropout_backward"]  # fmt: skip
+OTHER_OPS = ["aten::_foreach_sqrt", "aten::native_dropout", "aten::native_dropout_backward"]
 
 
 def grid(on):
@@ -74,7 +73,7 @@ CALLS = [
 ]  # fmt: skip
 
 
-def test_the_in_place_ops_and_casts_have_unboxed_kernels_on_relay():
+def test_the_in_place_ops_and_dropout_have_unboxed_kernels_on_relay():
     missing = [
         op
         for op in IN_PLACE_OPS + OTHER_OPS
@@ -130,35 +129,6 @@ def test_foreach_sqrt_gives_new_relay_tensors(placement):
     assert (torch_fallback.metrics()["aten::_foreach_sqrt"].calls_unboxed == 1) == served_unboxed(
         placement
     )
-
-
-CASTS = [
-    ("to bfloat16", lambda t: t.to(torch.bfloat16)),
-    ("to float64, transposed", lambda t: t.t().to(torch.float64)),
-    ("channels_last", lambda t: t.reshape(1, 2, 3, 4).to(memory_format=torch.channels_last)),
-    ("explicit device and dtype", lambda t: t.to(t.device, torch.float16, copy=True)),
-    ("non_blocking", lambda t: t.to(torch.int32, non_blocking=True)),
-    ("conj", lambda t: t.to(torch.cfloat).conj().to(torch.cdouble)),
-]
-
-
-@pytest.mark.parametrize("name, cast", CASTS, ids=[name for name, _ in CASTS])
-def test_a_cast_on_the_device_runs_unboxed_and_matches_eager(placement, name, cast):
-    source = torch.randn(4, 6)
-    expected = cast(source)
-    actual = cast(source.to("relay"))
-    assert_same(actual, expected)
-    assert actual.stride() == expected.stride()
-    # Elsewhere the cast runs as eager runs it, outside the fallback's metrics.
-    assert (unboxed_calls() > 0) == served_unboxed(placement)
-
-
-def test_a_copy_to_another_device_runs_as_eager_runs_it(placement):
-    x = torch.randn(3, 4).to("relay")
-    on_cpu = x.to("cpu", torch.float64)
-    assert on_cpu.device.type == "cpu"
-    torch.testing.assert_close(on_cpu, x.cpu().double())
-    assert "aten::_to_copy" not in torch_fallback.metrics()
 
 
 def test_autocast_on_relay_matches_autocast_on_the_cpu(placement):

@@ -906,16 +906,8 @@ void DirectCall::offer(std::optional<c10::ScalarType> dtype) {
   usable_ = usable_ && !(dtype && c10::isQIntType(*dtype));
 }
 
-void DirectCall::offer(std::optional<c10::Layout> layout) {
-  usable_ = usable_ && (!layout || *layout == c10::kStrided);
-}
-
 bool DirectCall::start() {
   if (!usable_ || !rules_.runs_direct || !home_) return false;
-  if (asked_device_ && (asked_device_->type() != backend_.device_type ||
-                        (asked_device_->has_index() && asked_device_->index() != *index_))) {
-    return false;
-  }
   const c10::DeviceIndex index = backend_device_index(backend_, index_);
   if (wanted_target(rules_, /*nested=*/false) == Target::Cuda) {
     if (!rules_.has_cuda_kernel || index >= cuda::device_count()) return false;

@@ -82,6 +82,7 @@ std::unique_ptr<OpRules> make_rules(const c10::OperatorHandle& op) {
   for (size_t i : rules->written_arguments) {
     if (resizes || args[i].is_out()) rules->resizable_arguments.push_back(i);
   }
+  bool takes_a_device = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const auto& type = args[i].real_type();
     const auto kind = type->kind() == c10::TypeKind::OptionalType
@@ -90,6 +91,7 @@ std::unique_ptr<OpRules> make_rules(const c10::OperatorHandle& op) {
     if (kind == c10::TypeKind::ScalarTypeType) rules->dtype_arguments.push_back(i);
     if (kind == c10::TypeKind::LayoutType) rules->layout_arguments.push_back(i);
     if (kind == c10::TypeKind::GeneratorType) rules->generator_arguments.push_back(i);
+    takes_a_device = takes_a_device || kind == c10::TypeKind::DeviceObjType;
   }
   for (const auto& ret : schema.returns()) {
     const auto* alias = ret.alias_info();
@@ -97,9 +99,10 @@ std::unique_ptr<OpRules> make_rules(const c10::OperatorHandle& op) {
   }
   rules->unservable_result = unservable_result_of(rules->name);
   rules->accepts_cpu_tensors = takes_cpu_tensors(rules->name);
-  // A DirectCall checks device, layout and CPU tensor arguments by their values.
+  // A DirectCall checks CPU tensors among the arguments by their values.
   rules->runs_direct = rules->hidden_mutations.empty() && rules->resizable_arguments.empty() &&
-                       rules->generator_arguments.empty() && !rules->returns_a_view &&
+                       rules->generator_arguments.empty() && rules->layout_arguments.empty() &&
+                       !takes_a_device && !rules->returns_a_view &&
                        rules->unservable_result.empty();
   using c10::DispatchKey;
   rules->has_cpu_kernel = op.hasComputedKernelForDispatchKey(DispatchKey::CPU);

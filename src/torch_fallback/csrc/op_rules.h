@@ -37,8 +37,8 @@ struct OpRules {
   // CPU tensors may come with backend tensors, as CUDA allows for indexing and _foreach_ ops.
   bool accepts_cpu_tensors = false;
   // An op a DirectCall may run: it writes no argument but in place (no out=,
-  // no resize, no hidden mutation), takes no generator, returns no view, and a
-  // backend tensor can hold its results.
+  // no resize, no hidden mutation), takes no generator, device or layout,
+  // returns no view, and a backend tensor can hold its results.
   bool runs_direct = false;
   // Kernels for the targets, dense and nested (computed: composites count).
   bool has_cpu_kernel = false;

@@ -43,8 +43,6 @@
 #include <ATen/ops/_log_softmax_ops.h>
 #include <ATen/ops/_softmax_backward_data_ops.h>
 #include <ATen/ops/_softmax_ops.h>
-#include <ATen/ops/_to_copy_native.h>
-#include <ATen/ops/_to_copy_ops.h>
 #include <ATen/ops/add_ops.h>
 #include <ATen/ops/addmm_ops.h>
 #include <ATen/ops/bmm_ops.h>
@@ -182,8 +180,7 @@ class TargetImplPool;
 // target's kernel runs unboxed on views of them, without the boxing, the
 // argument walk and the unboxing of the boxed fallback. In-place ops write the
 // backend's memory through the views. Any other call (a tensor elsewhere, a
-// setting that sends the op elsewhere, a device or layout argument that asks
-// for another device or layout) goes to the boxed fallback, which serves it in full.
+// setting that sends the op elsewhere) goes to the boxed fallback, which serves it in full.
 class TORCH_FALLBACK_API DirectCall {
  public:
   DirectCall(const BackendAdapter& backend, const c10::OperatorHandle& op);
@@ -201,10 +198,8 @@ class TORCH_FALLBACK_API DirectCall {
   void offer(at::TensorList tensors);
   void offer(std::optional<c10::ScalarType> dtype);
   void offer(c10::ScalarType dtype) { offer(std::optional<c10::ScalarType>(dtype)); }
-  void offer(std::optional<c10::Device> device) { asked_device_ = device; }
-  void offer(std::optional<c10::Layout> layout);
   template <typename T>
-  void offer(const T& /*neither a tensor nor a device, dtype or layout*/) {}
+  void offer(const T& /*not a tensor*/) {}
 
   // Whether this call runs directly; if so, picks the target and enters its device.
   bool start();
@@ -216,10 +211,6 @@ class TORCH_FALLBACK_API DirectCall {
     return tensor.has_value() ? std::optional<at::Tensor>(on_target(*tensor)) : tensor;
   }
   at::TensorList on_target(at::TensorList tensors);
-  // The tensors' device, which start() checked: the views are on the target.
-  std::optional<c10::Device> on_target(std::optional<c10::Device> /*device*/) {
-    return std::nullopt;
-  }
   template <typename T>
   T& on_target(T& value) {
     return value;
@@ -256,7 +247,6 @@ class TORCH_FALLBACK_API DirectCall {
   size_t tensors_ = 0;  // backend tensors offered
   std::optional<c10::DeviceIndex> index_;
   std::optional<c10::Device> home_;  // of the tensors offered
-  std::optional<c10::Device> asked_device_;
   c10::Device target_{c10::kCPU};
   std::optional<cuda::DeviceScope> device_scope_;
   TargetImplPool* pool_ = nullptr;  // this thread's, where target tensors may be reused
@@ -268,29 +258,17 @@ class TORCH_FALLBACK_API DirectCall {
 };
 
 // An unboxed kernel for the op `Op` (an at::_ops struct): DirectCall where it
-// serves the call, else `Otherwise` (the boxed fallback unless given).
+// serves the call, else the boxed fallback.
 template <const BackendAdapter& (*Adapter)(), typename Op, typename Schema = typename Op::schema>
 struct DirectKernel;
 
 template <const BackendAdapter& (*Adapter)(), typename Op, typename Result, typename... Args>
 struct DirectKernel<Adapter, Op, Result(Args...)> {
-  static Result call(Args... args) { return call_or(&boxed, args...); }
-
-  static Result boxed(Args... args) {
-    torch::jit::Stack stack = c10::impl::boxArgs<Args...>(args...);
-    boxed_fallback(Adapter(), handle(), &stack);
-    if constexpr (std::is_void_v<Result>) {
-      return;
-    } else if constexpr (std::is_same_v<Result, at::Tensor&>) {
-      return std::get<0>(std::forward_as_tuple(args...));  // in place: self
-    } else {
-      return c10::impl::PopResult<Result>::call(stack);
-    }
-  }
-
-  static Result call_or(Result (*otherwise)(Args...), Args... args) {
+  static Result call(Args... args) {
+    static const c10::OperatorHandle op =
+        c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
     {
-      DirectCall direct(Adapter(), handle());
+      DirectCall direct(Adapter(), op);
       (direct.offer(args), ...);
       if (direct.start()) {
         const auto run = [&]() -> Result {
@@ -301,47 +279,35 @@ struct DirectKernel<Adapter, Op, Result(Args...)> {
             throw;
           }
         };
-        if constexpr (std::is_void_v<Result>) {
+        if constexpr (std::is_void_v<Result>) {  // an in-place _foreach_ op
           run();
           direct.finish_in_place();
           return;
         } else if constexpr (std::is_same_v<Result, at::Tensor&>) {
-          // An in-place op: it wrote its first argument (self) through the view.
-          static_assert(std::is_same_v<std::tuple_element_t<0, std::tuple<Args...>>, at::Tensor&>);
-          run();
+          run();  // an in-place op: it wrote self through its view
           direct.finish_in_place();
-          return std::get<0>(std::forward_as_tuple(args...));
+          return self(args...);
         } else {
           return direct.finish(run());
         }
       }
     }
-    return otherwise(args...);
+    torch::jit::Stack stack = c10::impl::boxArgs<Args...>(args...);
+    boxed_fallback(Adapter(), op, &stack);
+    if constexpr (std::is_void_v<Result>) {
+      return;
+    } else if constexpr (std::is_same_v<Result, at::Tensor&>) {
+      return self(args...);
+    } else {
+      return c10::impl::PopResult<Result>::call(stack);
+    }
   }
 
  private:
-  static const c10::OperatorHandle& handle() {
-    static const c10::OperatorHandle op =
-        c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
-    return op;
-  }
-};
-
-// _to_copy (every .to() and autocast's casts) runs directly when it stays on
-// the backend device; a copy to another device or layout runs as eager runs it.
-template <const BackendAdapter& (*Adapter)()>
-struct ToCopyKernel {
-  static at::Tensor call(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
-                         std::optional<c10::Layout> layout, std::optional<c10::Device> device,
-                         std::optional<bool> pin_memory, bool non_blocking,
-                         std::optional<c10::MemoryFormat> memory_format) {
-    if (pin_memory.value_or(false)) {  // pinned host memory
-      return at::native::_to_copy(self, dtype, layout, device, pin_memory, non_blocking,
-                                  memory_format);
-    }
-    return DirectKernel<Adapter, at::_ops::_to_copy>::call_or(
-        &at::native::_to_copy, self, dtype, layout, device, pin_memory, non_blocking,
-        memory_format);
+  // An in-place op's first argument, which it writes and returns.
+  template <typename... Rest>
+  static at::Tensor& self(at::Tensor& written, Rest&&... /*others*/) {
+    return written;
   }
 };
 
@@ -404,9 +370,6 @@ void register_kernels(torch::Library& aten) {
       ops::_foreach_mul__Scalar, ops::_foreach_mul__List, ops::_foreach_div__ScalarList,
       ops::_foreach_addcmul__Scalar, ops::_foreach_addcdiv__ScalarList,
       ops::_foreach_lerp__Scalar, ops::_foreach_zero_, ops::_foreach_sqrt>(aten);
-  if (!detail::has_kernel("_to_copy", Adapter().device_type)) {
-    aten.impl("_to_copy", TORCH_FN(detail::ToCopyKernel<Adapter>::call));
-  }
   for (const char* name : {"native_batch_norm", "native_batch_norm_backward"}) {
     if (detail::has_kernel(name, Adapter().device_type)) continue;
     aten.impl(name,
