@@ -198,7 +198,8 @@ def container_user(
     the image's user. That user must be able to read the checkout ``repo``."""
     owner = stat(cache) if cache[:1] == "/" else None
     user = f"{owner.st_uid}:{owner.st_gid}" if owner and owner.st_uid != 0 else None
-    uid, info = owner.st_uid if owner and user else IMAGE_UID, stat(repo)
+    uid = owner.st_uid if owner and user else IMAGE_UID
+    info = stat(repo)
     if uid != info.st_uid and info.st_mode & 0o005 != 0o005:
         raise MatrixError(
             f"the checkout {repo} (mode {info.st_mode & 0o777:o}, owner uid {info.st_uid}) "

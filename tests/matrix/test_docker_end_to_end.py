@@ -167,7 +167,7 @@ def test_a_cell_runs_with_its_cache_bind_mounted_from_another_users_directory(
     import os
     import shutil
 
-    from fallback_matrix.runners import IMAGE_UID, DockerRunner
+    from fallback_matrix.runners import DOCKER_CACHE_ENV, IMAGE_UID, DockerRunner
 
     monkeypatch.delenv("FALLBACK_MATRIX_CACHE")  # the repository's wheelhouses and images
 
@@ -179,11 +179,12 @@ def test_a_cell_runs_with_its_cache_bind_mounted_from_another_users_directory(
         os.chown(cache, 1001, 1001)
     owner = cache.stat().st_uid
     assert owner not in (IMAGE_UID, 0)
+    monkeypatch.setenv(DOCKER_CACHE_ENV, str(cache))  # as the workflows set it
     try:
         result = run_cell(
             matrix,
             cell,
-            DockerRunner(volume=str(cache)),
+            DockerRunner(),
             artifacts_root=tmp_path / "artifacts",
             reporter=Reporter(),
         )
