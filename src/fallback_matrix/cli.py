@@ -303,7 +303,8 @@ def cmd_tooling_tests(c: Context) -> int:
 
 
 def cmd_test_wheel(c: Context) -> int:
-    cell, found = c.cell(c.args.cell, c.args.name), find_wheel(Path(c.args.wheel))
+    cell = c.cell(c.args.cell, c.args.name)
+    found = find_wheel(Path(c.args.wheel))
     # a copy under the repository, where every runner (a container too) sees it, and safe from
     # the results directory this run replaces
     staging = c.matrix.root / ".cache" / "test-wheel" / cell.name

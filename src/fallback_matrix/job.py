@@ -450,7 +450,8 @@ def check(what: str, first: str, second: str) -> dict[str, Any]:
         return {"pins": pins, "wanted": f"torch{wanted}", "matches": pins == [wanted]}
     import torch
 
-    cuda, libraries = torch.version.cuda, os.listdir(Path(torch.__file__).parent / "lib")
+    cuda = torch.version.cuda
+    libraries = os.listdir(Path(torch.__file__).parent / "lib")
     matches = torch_matches(first, torch.__version__)
     return {
         "version": torch.__version__,

@@ -61,7 +61,8 @@ def collect_rows(artifacts_root: Path, cells: Sequence[str] | None = None) -> li
         directory = artifacts_root / cell
         result = read_json(directory / RESULT_FILE)
         steps = {step.get("name"): step for step in result.get("steps", [])}
-        runner, tests = str(result.get("runner", "-")), read_counts(directory / JUNIT_FILE)
+        runner = str(result.get("runner", "-"))
+        tests = read_counts(directory / JUNIT_FILE)
         passed = result.get("exit_code", 0 if result.get("result") == "passed" else 1) == 0
         build = steps.get("build", {}).get("status")
         if build is None:
