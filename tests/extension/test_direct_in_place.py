@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from checks import assert_same, calls_on, run_both, served_unboxed, unboxed_calls
 
 import torch_fallback
@@ -129,16 +128,6 @@ def test_foreach_sqrt_gives_new_relay_tensors(placement):
     assert (torch_fallback.metrics()["aten::_foreach_sqrt"].calls_unboxed == 1) == served_unboxed(
         placement
     )
-
-
-def test_autocast_on_relay_matches_autocast_on_the_cpu(placement):
-    x, w = torch.randn(8, 16), torch.randn(4, 16)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        expected = F.linear(x, w)
-    with torch.autocast("relay", dtype=torch.bfloat16):
-        actual = F.linear(x.to("relay"), w.to("relay"))
-    assert actual.dtype == expected.dtype == torch.bfloat16
-    torch.testing.assert_close(actual.cpu(), expected, atol=0.05, rtol=0.02)
 
 
 def test_dropout_keeps_what_its_mask_keeps_and_its_backward_scales(placement):

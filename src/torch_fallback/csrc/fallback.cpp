@@ -899,7 +899,9 @@ void DirectCall::offer(at::Tensor& written) {
 }
 
 void DirectCall::offer(at::TensorList tensors) {
+  const size_t single = tensors_;  // views of list elements go to view_lists_, not views_
   for (const at::Tensor& tensor : tensors) offer(tensor);
+  tensors_ = single;
 }
 
 void DirectCall::offer(std::optional<c10::ScalarType> dtype) {
@@ -927,9 +929,14 @@ bool DirectCall::start() {
 
 at::Tensor DirectCall::view_of(const at::Tensor& tensor) {
   c10::StorageImpl* backend_storage = tensor.storage().unsafeGetStorageImpl();
+  // A linear search: cheaper under callgrind than SmallMap's index even for
+  // _foreach_addcdiv_'s 222 tensors (782K against 788K instructions per call).
   const c10::Storage* home = nullptr;
   for (const auto& [storage, on_target] : homes_) {
-    if (storage == backend_storage) home = &on_target;
+    if (storage == backend_storage) {
+      home = &on_target;
+      break;
+    }
   }
   if (home == nullptr) {
     homes_.emplace_back(backend_storage, backend_.home_storage(tensor.storage()));

@@ -244,7 +244,7 @@ class TORCH_FALLBACK_API DirectCall {
   bool usable_ = true;
   bool started_ = false;
   bool finished_ = false;
-  size_t tensors_ = 0;  // backend tensors offered
+  size_t tensors_ = 0;  // backend tensors offered outside lists
   std::optional<c10::DeviceIndex> index_;
   std::optional<c10::Device> home_;  // of the tensors offered
   c10::Device target_{c10::kCPU};
@@ -342,7 +342,7 @@ struct CopyKernels {
 // Everything torch-fallback can give a backend besides the fallback itself,
 // for TORCH_LIBRARY_IMPL(aten, <key>, m): the views, _copy_from and
 // _copy_from_and_resize, the ops run whole, unboxed kernels for the functional
-// ops a training step calls most (DirectKernel), batch norm on cuDNN where
+// and in-place ops a training step calls most (DirectKernel), batch norm on cuDNN where
 // eager CUDA would take it, and (for PrivateUse1) the choice of the fused
 // attention kernel. The backend still owns its memory: empty.memory_format,
 // empty_strided and resize_. Call it after registering the backend's own
