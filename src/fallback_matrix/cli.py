@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -25,10 +24,11 @@ from packaging.utils import parse_wheel_filename
 from rich.table import Table
 
 from . import matrix, runners, summary
-from .job import Job
+from .job import Job, pytest_command
 from .matrix import Cell, CellError, LoadedMatrix, MatrixError, pick_cells
 from .report import JUNIT_FILE, LOG_FILE, RESULT_FILE, Reporter, run_process
 from .wheelhouse import WheelhouseRequest, ensure_wheelhouse
+from .workflows import REGENERATE_COMMAND, check_workflows, plan_workflows, write_workflows
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 TOOLING_ROW = "tooling"
@@ -130,12 +130,11 @@ def run_tooling_tests(matrix: LoadedMatrix, artifacts: Path, reporter: Reporter)
     """The tooling's own tests on the host, recorded like a cell named 'tooling'."""
     target = artifacts / TOOLING_ROW
     shutil.rmtree(target, ignore_errors=True)
-    target.mkdir(parents=True)
     paths = matrix.spec.project_tests.tooling_paths
     reporter.rule(f"tooling tests: {' '.join(paths)}")
-    command = [sys.executable, "-m", "pytest", *(str(matrix.root / path) for path in paths)]
-    command += ["-p", "no:cacheprovider", "--junitxml", str(target / JUNIT_FILE)]
-    status = subprocess.call([*command, "-o", f"junit_suite_name={TOOLING_ROW}"], cwd=matrix.root)
+    tests = [matrix.root / path for path in paths]
+    command = pytest_command([sys.executable], tests, matrix.root, target / JUNIT_FILE, TOOLING_ROW)
+    status = subprocess.call(command, cwd=matrix.root)
     record = {"cell": TOOLING_ROW, "runner": "host", "exit_code": status}
     (target / RESULT_FILE).write_text(json.dumps(record) + "\n", encoding="utf-8")
     return status == 0
@@ -351,16 +350,13 @@ def cmd_publish_local(c: Context) -> int:
 
 
 def cmd_workflows(c: Context) -> int:
-    from .workflows import REGENERATE_COMMAND, check_workflows, plan_workflows, write_workflows
-
     planned = plan_workflows(c.matrix)
     if c.args.check:
         if drift := check_workflows(c.matrix.root, planned):
             problems = "; ".join(f"{name}: {problem}" for name, problem in drift.items())
             c.reporter.error(
                 f"the generated GitHub files are out of date with matrix.yaml ({problems}); "
-                f"regenerate them with `{REGENERATE_COMMAND}` (or `nox -s workflows`) and commit"
-                " them"
+                f"regenerate them with `{REGENERATE_COMMAND}` (or `nox -s workflows`), commit them"
             )
             return EXIT_FAILED
         c.reporter.say(f"{len(planned)} generated file(s) up to date with matrix.yaml")
@@ -418,12 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     reporter = Reporter()
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt  # a cancelled CI job (SIGTERM) cleans up like Ctrl-C
-
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, interrupt) if in_main_thread else None
+    # a cancelled CI job (SIGTERM) cleans up like Ctrl-C: KeyboardInterrupt
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         return int(args.handler(Context(args, reporter)))
     except MatrixError as error:
@@ -433,5 +425,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         reporter.error("interrupted; containers of this run were removed")
         return 130
     finally:
-        if in_main_thread:
-            signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, previous)

@@ -307,12 +307,12 @@ def install_wheel(job: Job, wheel: Path | None, env: Mapping[str, str], report: 
 
 
 def pytest_command(
-    job: Job, paths: Sequence[Path], root: Path, junit: Path, name: str
+    python: Command, paths: Sequence[Path], root: Path, junit: Path, name: str
 ) -> list[str | Path]:
     """pytest on ``paths`` without a cache in the (read-only) repository, with a JUnit report."""
     junit.parent.mkdir(parents=True, exist_ok=True)
     options: list[str | Path] = ["--rootdir", root, "-p", "no:cacheprovider", "--junitxml", junit]
-    return job.venv("-m", "pytest", *paths, *options, "-o", f"junit_suite_name={name}")
+    return [*python, "-m", "pytest", *paths, *options, "-o", f"junit_suite_name={name}"]
 
 
 def run_tests(job: Job, env: Mapping[str, str], report: Reporter) -> None:
@@ -320,7 +320,7 @@ def run_tests(job: Job, env: Mapping[str, str], report: Reporter) -> None:
     if missing := [str(path) for path in paths if not path.exists()]:
         raise StepFailed(f"test paths missing: {', '.join(missing)} (matrix.yaml tests.paths)")
     junit = Path(job.artifacts) / "junit.xml"
-    command = pytest_command(job, paths, Path(job.repo), junit, job.cell)
+    command = pytest_command(job.venv(), paths, Path(job.repo), junit, job.cell)
     test_env = dict(env, TORCH_FALLBACK_REQUIRE_GPU="1") if job.gpu else dict(env)
     status = run([*command, "-m", job.test_markers], test_env, cwd=job.test_cwd)
     if status == PYTEST_NO_TESTS and job.allow_empty:
@@ -352,7 +352,7 @@ def run_example(job: Job, env: Mapping[str, str], report: Reporter) -> None:
     if not (build / "tests").is_dir():
         raise StepFailed(f"{job.example} has no tests/ directory; the cell runs its tests")
     junit = Path(job.artifacts) / "example" / "junit.xml"
-    command = pytest_command(job, [build / "tests"], build, junit, f"{job.cell}/example")
+    command = pytest_command(job.venv(), [build / "tests"], build, junit, f"{job.cell}/example")
     if (status := run(command, env, cwd=job.test_cwd)) != 0:
         raise StepFailed(f"the tests of {job.example} failed (pytest exit status {status})")
     report.say(f"{job.example}: built against the installed wheel, tests passed")
