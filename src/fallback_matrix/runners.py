@@ -210,13 +210,7 @@ def container_user(
 
 
 def plan_container(
-    job: Job,
-    image: str,
-    *,
-    volume: str = CACHE_VOLUME,
-    environ: Mapping[str, str] | None = None,
-    suffix: str | None = None,
-    user: str | None = None,
+    job: Job, image: str, *, volume: str = CACHE_VOLUME, user: str | None = None
 ) -> tuple[Job, dict[str, Any]]:
     """The job as the container sees it, and the arguments of ``containers.create``."""
     inside = dataclasses.replace(
@@ -226,13 +220,13 @@ def plan_container(
         staged = Path(job.prebuilt_wheel).relative_to(job.repo).as_posix()
         inside = dataclasses.replace(inside, prebuilt_wheel=f"{REPO}/{staged}")
     environment = {"PYTHONUNBUFFERED": "1", "HOME": "/tmp"}  # a uid without a passwd entry
-    if environ and environ.get("CI"):
-        environment["CI"] = environ["CI"]
+    if ci := os.environ.get("CI"):
+        environment["CI"] = ci
     gpus = [DeviceRequest(count=-1, capabilities=[["gpu"]])] if job.gpus or job.gpu else None
     return inside, {
         "image": image,
         "command": ["python3", "-m", "fallback_matrix.job", str(JOB_FILE)],
-        "name": f"fallback-matrix-{job.cell}-{suffix or uuid.uuid4().hex[:8]}",
+        "name": f"fallback-matrix-{job.cell}-{uuid.uuid4().hex[:8]}",
         "labels": {LABEL: "1", CELL_LABEL: job.cell},
         "environment": environment,
         "mounts": [
@@ -250,16 +244,12 @@ def plan_container(
 
 def extract_archive(chunks: Iterable[bytes], destination: Path) -> list[str]:
     """Unpack a get_archive stream of a directory into ``destination``, dropping its top folder."""
-    extracted = []
-    destination.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(b"".join(chunks)), mode="r") as archive:
-        for member in archive.getmembers():
-            parts = PurePosixPath(member.name).parts[1:]
-            if parts and member.isfile():
-                member.name = str(PurePosixPath(*parts))
-                archive.extract(member, destination, filter="data")
-                extracted.append(member.name)
-    return extracted
+    with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as archive:
+        files = [member for member in archive if member.isfile()]
+        for member in files:
+            member.name = member.name.split("/", 1)[1]
+        archive.extractall(destination, members=files, filter="data")
+    return [member.name for member in files]
 
 
 def lines_of(chunks: Iterable[bytes]) -> Iterator[str]:
@@ -327,8 +317,6 @@ class DockerRunner:
                 os.chown(self.volume, IMAGE_UID, IMAGE_UID)
         image = ensure_image(client, plan_image(Path(job.repo), job), log)
         user = container_user(self.volume, job.repo)
-        inside, create = plan_container(
-            job, image, volume=self.volume, environ=os.environ, user=user
-        )
+        inside, create = plan_container(job, image, volume=self.volume, user=user)
         status = run_container(client, inside, create, log, Path(job.artifacts))
         return status, f"container {create['name']}, image {image}"

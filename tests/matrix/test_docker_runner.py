@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import re
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,13 +78,13 @@ def fake_client(container: MagicMock) -> MagicMock:
 
 
 def test_plan_mounts_repo_and_wheelhouse_read_only(work: Job) -> None:
-    _, plan = plan_container(work, "torch-fallback-build:abc", volume="cache-volume", suffix="x1")
+    _, plan = plan_container(work, "torch-fallback-build:abc", volume="cache-volume")
     mounts = {mount["Target"]: mount for mount in plan["mounts"]}
     assert mounts["/src"]["Source"] == work.repo and mounts["/src"]["ReadOnly"]
     assert mounts["/wheelhouse"]["Source"] == work.wheelhouse and mounts["/wheelhouse"]["ReadOnly"]
     assert mounts["/cache"]["Type"] == "volume" and mounts["/cache"]["Source"] == "cache-volume"
     assert not mounts["/cache"]["ReadOnly"]
-    assert plan["name"] == "fallback-matrix-cpu-x1"
+    assert re.fullmatch(r"fallback-matrix-cpu-[0-9a-f]{8}", plan["name"])
     # the job is the package's own module, found in the mounted src/ (working directory)
     assert plan["working_dir"] == "/src/src"
     assert plan["command"] == [
@@ -109,9 +110,11 @@ def test_plan_job_uses_container_paths(work: Job) -> None:
     assert plan_container(staged, "img")[0].prebuilt_wheel == "/src/.cache/test-wheel/cpu/x.whl"
 
 
-def test_plan_passes_ci_through(work: Job) -> None:
-    assert plan_container(work, "img", environ={"CI": "true"})[1]["environment"]["CI"] == "true"
-    assert "CI" not in plan_container(work, "img", environ={})[1]["environment"]
+def test_plan_passes_ci_through(work: Job, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CI", "true")
+    assert plan_container(work, "img")[1]["environment"]["CI"] == "true"
+    monkeypatch.delenv("CI")
+    assert "CI" not in plan_container(work, "img")[1]["environment"]
 
 
 def test_gpus_only_when_asked_or_needed(work: Job) -> None:
