@@ -6,7 +6,6 @@ the file, the line and the key path (``cells[1].torch``); all end up in one Matr
 
 import difflib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple, cast, get_args
 
@@ -38,8 +37,6 @@ class Problem(NamedTuple):
 
 
 class MatrixFileError(MatrixError):
-    """The matrix file cannot be read or does not describe a valid matrix."""
-
     def __init__(self, file: Path, problems: Sequence[Problem]) -> None:
         self.problems = tuple(problems)
         lines = [f"{file} is not a valid matrix ({len(problems)} problem(s)):"]
@@ -70,10 +67,8 @@ TORCH_PATTERN = r"^[0-9]+\.[0-9]+(\.[0-9]+)?((a|b|rc|\.dev|\.post)[0-9]+)*(\+[a-
 
 
 class ImageSpec(_Strict):
-    """How a cell's build image is made: a Dockerfile and its base image (a build arg)."""
-
     dockerfile: str = Field(description="the Dockerfile's path from the repository root")
-    base: str = Field(description="the base image, e.g. python:3.11-slim-bookworm")
+    base: str = Field(description="the base image (build arg), e.g. python:3.11-slim-bookworm")
 
 
 class ImageOverride(_Strict):
@@ -82,8 +77,6 @@ class ImageOverride(_Strict):
 
 
 class TestSelection(_Strict):
-    """Which tests a cell runs against its wheel."""
-
     paths: list[str] = Field(min_length=1, description="test paths, e.g. [tests/extension]")
     markers: str = Field(min_length=1, description='a pytest -m expression, e.g. "not slow"')
     allow_empty: bool = Field(default=False, description="true when no test may be selected")
@@ -96,8 +89,6 @@ class TestOverride(_Strict):
 
 
 class Defaults(_Strict):
-    """Values every cell gets unless it sets its own."""
-
     python: PythonVersion
     image: ImageSpec
     tests: TestSelection
@@ -106,8 +97,6 @@ class Defaults(_Strict):
 
 
 class VariantSpec(_Strict):
-    """Where one torch variant is downloaded from."""
-
     index_url: str = Field(pattern=r"^(https?|file)://", description="an http(s) index URL")
     index_url_env: str = Field(pattern=r"^[A-Z][A-Z0-9_]*$", description="a variable name")
 
@@ -145,8 +134,7 @@ class MatrixFile(_Strict):
     cells: list[CellSpec] = Field(min_length=1, description="the list of cells")
 
 
-@dataclass(frozen=True)
-class LoadedMatrix:
+class LoadedMatrix(NamedTuple):
     """A validated matrix and the file it came from (its directory is the repository root)."""
 
     file: Path
@@ -176,10 +164,8 @@ def _index_lines(node: yaml.Node, path: KeyPath, lines: dict[KeyPath, int]) -> N
 
 def format_key_path(path: Iterable[str | int]) -> str:
     """("cells", 1, "torch") -> "cells[1].torch"."""
-    text = ""
-    for part in path:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
-    return text
+    parts = (f"[{part}]" if isinstance(part, int) else f".{part}" for part in path)
+    return "".join(parts).removeprefix(".")
 
 
 def find_matrix_file(start: Path) -> Path:
@@ -277,10 +263,8 @@ def _reference_problems(spec: MatrixFile) -> Iterator[tuple[KeyPath, str]]:
         if cell.gpu and cell.variant != "cuda":
             yield (*at, "gpu"), "gpu: true needs variant cuda; a CPU-only torch cannot use a GPU"
         if cell.pypi and cell.gpu:
-            why = (
-                "pypi: true marks a cell that builds the wheel PyPI gets; set it on the build cell"
-            )
-            yield (*at, "pypi"), why
+            builds = "pypi: true marks a cell that builds the wheel PyPI gets"
+            yield (*at, "pypi"), f"{builds}; set it on the build cell"
         elif cell.pypi and python in pypi_cells:
             first_pypi = f"first: {pypi_cells[python]}; PyPI takes one wheel per Python"
             yield (*at, "pypi"), f"a second pypi: true cell for Python {python} ({first_pypi})"
@@ -292,8 +276,7 @@ def _reference_problems(spec: MatrixFile) -> Iterator[tuple[KeyPath, str]]:
         yield ("project_tests", "cell"), f"unknown cell; expected one of {sorted(first)}"
 
 
-@dataclass(frozen=True)
-class IndexUrl:
+class IndexUrl(NamedTuple):
     """The index a cell's torch comes from, and which setting chose it."""
 
     url: str
@@ -301,8 +284,6 @@ class IndexUrl:
 
 
 class Cell(_CellFields):
-    """One cell with the defaults applied: everything needed to build and test it."""
-
     python: str
     index: IndexUrl
     image: ImageSpec
