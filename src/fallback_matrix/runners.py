@@ -81,25 +81,19 @@ def engine_status() -> EngineStatus:
     return EngineStatus(True, f"Docker engine {version} answers")
 
 
-def choose_runner(
-    choice: RunnerChoice, status: Callable[[], EngineStatus] = engine_status
-) -> tuple[Runner, str]:
+def choose_runner(choice: RunnerChoice) -> tuple[Runner, str]:
     """The runner ``choice`` means here, and why; "docker" raises when no daemon answers."""
     if choice == "local":
         return LocalRunner(), "asked for --runner local"
     if choice == "docker":
         return DockerRunner(connect_docker()), "asked for --runner docker"
-    engine = status()
+    engine = engine_status()
     if engine.available:
         return DockerRunner(), f"auto: {engine.detail}"
     return LocalRunner(), "auto: no Docker daemon answers"
 
 
-def find_python(
-    version: str,
-    which: Callable[[str], str | None] = shutil.which,
-    purpose: str = "the local runner needs it for this cell; or use --runner docker",
-) -> str:
+def find_python(version: str, purpose: str = "for the local runner; or use --runner docker") -> str:
     """An interpreter of ``version`` ("3.11"): this one, pythonX.Y on PATH, or pyenv's."""
     running = f"{sys.version_info.major}.{sys.version_info.minor}"
     if running == version:
@@ -107,7 +101,7 @@ def find_python(
     pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
     installed = sorted(pyenv.glob(f"{version}.*/bin/python{version}"), reverse=True)
     probe = "import sys; print('%d.%d' % sys.version_info[:2])"
-    for candidate in filter(None, [which(f"python{version}"), *map(str, installed)]):
+    for candidate in filter(None, [shutil.which(f"python{version}"), *map(str, installed)]):
         result = subprocess.run([candidate, "-c", probe], capture_output=True, text=True)
         if result.stdout.strip() == version:
             return candidate

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
 import docker
+from fallback_matrix import runners
 from fallback_matrix.matrix import MatrixError
 from fallback_matrix.report import Reporter
 from fallback_matrix.runners import (
@@ -49,25 +51,27 @@ def test_engine_status_reports_instead_of_raising(no_daemon: None) -> None:
     assert "Start the Docker daemon" in status.detail
 
 
-def test_auto_picks_local_without_a_daemon() -> None:
-    runner, reason = choose_runner("auto", status=lambda: EngineStatus(False, "no daemon"))
+def test_auto_picks_local_without_a_daemon(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runners, "engine_status", lambda: EngineStatus(False, "no daemon"))
+    runner, reason = choose_runner("auto")
     assert runner.name == "local"
     assert "auto" in reason
 
 
-def test_auto_picks_docker_when_a_daemon_answers() -> None:
-    runner, reason = choose_runner(
-        "auto", status=lambda: EngineStatus(True, "Docker engine 27.0 answers")
-    )
+def test_auto_picks_docker_when_a_daemon_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    answers = EngineStatus(True, "Docker engine 27.0 answers")
+    monkeypatch.setattr(runners, "engine_status", lambda: answers)
+    runner, reason = choose_runner("auto")
     assert runner.name == "docker"
     assert "Docker engine 27.0 answers" in reason
 
 
-def test_local_is_local_without_asking_docker() -> None:
+def test_local_is_local_without_asking_docker(monkeypatch: pytest.MonkeyPatch) -> None:
     def must_not_be_called() -> EngineStatus:
         raise AssertionError("local must not probe Docker")
 
-    assert choose_runner("local", status=must_not_be_called)[0].name == "local"
+    monkeypatch.setattr(runners, "engine_status", must_not_be_called)
+    assert choose_runner("local")[0].name == "local"
 
 
 def test_local_runner_uses_this_python_when_versions_match() -> None:
@@ -75,9 +79,10 @@ def test_local_runner_uses_this_python_when_versions_match() -> None:
     assert find_python(version) == sys.executable
 
 
-def test_local_runner_explains_a_missing_python() -> None:
+def test_local_runner_explains_a_missing_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(MatrixError, match=r"no Python 3\.99 here.*--runner docker"):
-        find_python("3.99", which=lambda name: None)
+        find_python("3.99")
 
 
 def test_a_python_of_another_version_is_found_under_pyenv(
@@ -88,13 +93,14 @@ def test_a_python_of_another_version_is_found_under_pyenv(
     from fallback_matrix.matrix import MatrixError
 
     monkeypatch.setenv("PYENV_ROOT", str(tmp_path))
+    monkeypatch.setattr(shutil, "which", lambda name: None)
     python = tmp_path / "versions" / "3.10.13" / "bin" / "python3.10"
     python.parent.mkdir(parents=True)
     python.write_text("#!/bin/sh\necho 3.10\n")  # a stand-in that answers as Python 3.10
     python.chmod(0o755)
-    assert local.find_python("3.10", which=lambda name: None) == str(python)
+    assert local.find_python("3.10") == str(python)
     with pytest.raises(MatrixError, match=r"no Python 3\.9 here.*install Python 3\.9"):
-        local.find_python("3.9", which=lambda name: None)
+        local.find_python("3.9")
 
 
 # --- one cell from the host's side: wheelhouse, job, runner, result -------------------------------
