@@ -15,7 +15,7 @@ import sys
 import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -35,7 +35,6 @@ PLATFORMS = (
     *("manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"),
 )
 MANIFEST_NAME = "wheelhouse.json"
-PipDownload = Callable[[Sequence[str], Mapping[str, str] | None], int]  # pip download ARGS in ENV
 
 
 def probe_index(url: str, timeout: float = 3.0) -> str | None:
@@ -144,42 +143,29 @@ def download_python(version: str, cache_root: Path, log: Reporter) -> str:
 
 
 def ensure_wheelhouse(
-    request: WheelhouseRequest,
-    index_url: str,
-    cache_root: Path,
-    log: Reporter,
-    variant: str = "cpu",
-    *,
-    pip_download: PipDownload | None = None,
-    probe: Callable[[str], str | None] = probe_index,
+    request: WheelhouseRequest, index_url: str, cache: Path, log: Reporter, variant: str = "cpu"
 ) -> Path:
     """The complete wheelhouse of ``request``, filled now unless an earlier fill completed."""
-    final = request.path(cache_root)
+    final = request.path(cache)
     if (final / MANIFEST_NAME).is_file():
         log.say(f"wheelhouse: reusing {final} ({len(list(final.glob('*.whl')))} wheels)")
         return final
-    if pip_download is None:
-        python = download_python(request.python, cache_root, log)
-
-        def pip_download(args: Sequence[str], env: Mapping[str, str] | None = None) -> int:
-            command = [python, "-m", "pip", "download", "--progress-bar", "off", *args]
-            return run_process(command, log.line, env=env)
-
     cell, torch = request.cell, request.torch_requirement
+    python = download_python(request.python, cache, log)
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent))
-    target = ["--only-binary=:all:", "--python-version", request.python, "--implementation", "cp"]
-    target += [option for platform in PLATFORMS for option in ("--platform", platform)]
-    target += ["--dest", str(staging)]
+    pip = [python, "-m", "pip", "download", "--progress-bar", "off", "--only-binary=:all:"]
+    pip += ["--python-version", request.python, "--implementation", "cp", "--dest", str(staging)]
+    pip += [option for platform in PLATFORMS for option in ("--platform", platform)]
     try:
-        if (unreachable := probe(index_url)) is None:
+        if (unreachable := probe_index(index_url)) is None:
             log.say(f"wheelhouse: {torch} from {index_url} (no pip configuration)")
             cert = ["--cert", cert] if (cert := pip_cert(os.environ)) else []
-            index = [*cert, "--index-url", index_url]
-            status = pip_download([*target, *index, torch], without_pip_config(os.environ))
+            command = [*pip, *cert, "--index-url", index_url, torch]
+            status = run_process(command, log.line, env=without_pip_config(os.environ))
         else:
             log.say(f"index {index_url} unreachable ({unreachable}); using pip's own configuration")
-            status = pip_download([*target, torch], None)
+            status = run_process([*pip, torch], log.line)
         if status != 0:
             raise CellError(
                 f"cell {cell}: pip download of {torch} failed (exit {status}); see above. "
@@ -187,7 +173,7 @@ def ensure_wheelhouse(
             )
         log.say(f"wheelhouse: got {downloaded_torch(request, staging, variant)}")
         groups = [f"--group={request.pyproject}:{name}" for name in GROUPS]
-        if (status := pip_download([*target, PIP_WITH_GROUPS, *groups], None)) != 0:
+        if (status := run_process([*pip, PIP_WITH_GROUPS, *groups], log.line)) != 0:
             raise CellError(f"cell {cell}: pip download of the groups failed ({status})")
         manifest = asdict(request) | {
             "pyproject": str(request.pyproject),

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from fallback_matrix import wheelhouse
 from fallback_matrix.matrix import CellError
 from fallback_matrix.wheelhouse import (
     MANIFEST_NAME,
@@ -25,7 +26,7 @@ INDEX = "https://download.pytorch.org/whl/cpu"
 
 
 class FakePip:
-    """Records each `pip download` and drops wheels into --dest, like pip would."""
+    """Records each `pip download` (run_process) and drops wheels into --dest, like pip would."""
 
     def __init__(
         self,
@@ -39,7 +40,9 @@ class FakePip:
         self.fail_on = fail_on
         self.interrupt_on = interrupt_on
 
-    def __call__(self, args: Sequence[str], env: Mapping[str, str] | None = None) -> int:
+    def __call__(
+        self, args: Sequence[str], sink: object, env: Mapping[str, str] | None = None
+    ) -> int:
         self.calls.append(list(args))
         self.envs.append(dict(env) if env is not None else None)
         dest = Path(args[list(args).index("--dest") + 1])
@@ -69,10 +72,19 @@ def unreachable(url: str) -> str | None:
     return "Could not resolve host"
 
 
-def fill(tmp_path: Path, cell_log: Any, pip: FakePip, probe: Any = unreachable) -> Path:
-    return ensure_wheelhouse(
-        REQUEST, INDEX, tmp_path / "cache", cell_log, pip_download=pip, probe=probe
-    )
+@pytest.fixture
+def fill(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cell_log: Any) -> Any:
+    """Fill a wheelhouse under tmp_path with a fake pip (and index probe) in place of the real."""
+
+    def fill(
+        pip: FakePip, probe: Any = unreachable, request: Any = REQUEST, variant: str = "cpu"
+    ) -> Path:
+        monkeypatch.setattr(wheelhouse, "run_process", pip)
+        monkeypatch.setattr(wheelhouse, "probe_index", probe)
+        monkeypatch.setattr(wheelhouse, "download_python", lambda *args: "python3")
+        return ensure_wheelhouse(request, INDEX, tmp_path / "cache", cell_log, variant)
+
+    return fill
 
 
 def test_key_is_stable_and_ignores_where_the_project_lies() -> None:
@@ -102,9 +114,9 @@ def test_key_changes_with_what_is_installed(changed: WheelhouseRequest) -> None:
     assert changed.key() != REQUEST.key()
 
 
-def test_fill_downloads_for_the_cell_platform_and_completes(tmp_path: Path, cell_log: Any) -> None:
+def test_fill_downloads_for_the_cell_platform_and_completes(tmp_path: Path, fill: Any) -> None:
     pip = FakePip()
-    path = fill(tmp_path, cell_log, pip)
+    path = fill(pip)
     assert path == REQUEST.path(tmp_path / "cache")
     assert (path / MANIFEST_NAME).is_file()
     assert (path / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").is_file()
@@ -124,23 +136,21 @@ def test_fill_downloads_for_the_cell_platform_and_completes(tmp_path: Path, cell
 
 
 def test_unreachable_index_falls_back_to_pip_configuration_in_one_line(
-    tmp_path: Path, cell_log: Any, reporter: Any
+    fill: Any, reporter: Any
 ) -> None:
     pip = FakePip()
-    fill(tmp_path, cell_log, pip, probe=unreachable)
+    fill(pip, probe=unreachable)
     assert "--index-url" not in pip.calls[0]
     lines = [line for line in output_of(reporter).splitlines() if " unreachable (" in line]
     assert len(lines) == 1
     assert INDEX in lines[0] and "pip's own configuration" in lines[0]
 
 
-def test_reachable_index_is_used_for_torch_only(
-    tmp_path: Path, cell_log: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_reachable_index_is_used_for_torch_only(fill: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PIP_FIND_LINKS", "/opt/wheels")
     monkeypatch.setenv("PIP_CERT", "/etc/ssl/certs/bundle.crt")
     pip = FakePip()
-    fill(tmp_path, cell_log, pip, probe=reachable)
+    fill(pip, probe=reachable)
     torch_call, groups_call = pip.calls
     assert torch_call[torch_call.index("--index-url") + 1] == INDEX
     assert "--index-url" not in groups_call
@@ -153,70 +163,58 @@ def test_reachable_index_is_used_for_torch_only(
     assert groups_env is None  # the groups come through pip's own configuration
 
 
-def test_a_cpu_only_torch_for_a_cuda_cell_is_refused(tmp_path: Path, cell_log: Any) -> None:
+def test_a_cpu_only_torch_for_a_cuda_cell_is_refused(tmp_path: Path, fill: Any) -> None:
     request = WheelhouseRequest("cuda-213", "3.11", "torch==2.13.0", '{"test": ["pytest>=8"]}')
     pip = FakePip(torch_wheel="torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
     with pytest.raises(CellError, match=r"CPU-only build, for a CUDA cell"):
-        ensure_wheelhouse(
-            request,
-            INDEX,
-            tmp_path / "cache",
-            cell_log,
-            pip_download=pip,
-            probe=unreachable,
-            variant="cuda",
-        )
+        fill(pip, request=request, variant="cuda")
     assert list((tmp_path / "cache" / "wheelhouse").iterdir()) == []
 
 
-def test_a_complete_wheelhouse_is_reused_without_pip(tmp_path: Path, cell_log: Any) -> None:
-    first = fill(tmp_path, cell_log, FakePip())
+def test_a_complete_wheelhouse_is_reused_without_pip(fill: Any) -> None:
+    first = fill(FakePip())
     again = FakePip()
-    assert fill(tmp_path, cell_log, again) == first
+    assert fill(again) == first
     assert again.calls == []
 
 
 @pytest.mark.parametrize("pip", [FakePip(fail_on=2), FakePip(fail_on=1)])
-def test_a_failed_fill_leaves_nothing_to_trust(tmp_path: Path, cell_log: Any, pip: FakePip) -> None:
+def test_a_failed_fill_leaves_nothing_to_trust(tmp_path: Path, fill: Any, pip: FakePip) -> None:
     with pytest.raises(CellError, match="cell cpu: pip download"):
-        fill(tmp_path, cell_log, pip)
+        fill(pip)
     assert list((tmp_path / "cache" / "wheelhouse").iterdir()) == []
 
 
-def test_an_interrupted_fill_leaves_nothing_and_is_redone(tmp_path: Path, cell_log: Any) -> None:
+def test_an_interrupted_fill_leaves_nothing_and_is_redone(tmp_path: Path, fill: Any) -> None:
     with pytest.raises(KeyboardInterrupt):
-        fill(tmp_path, cell_log, FakePip(interrupt_on=2))
+        fill(FakePip(interrupt_on=2))
     assert list((tmp_path / "cache" / "wheelhouse").iterdir()) == []
     retry = FakePip()
-    path = fill(tmp_path, cell_log, retry)
+    path = fill(retry)
     assert len(retry.calls) == 2
     assert not (path / "half-written.whl").exists()
 
 
-def test_a_directory_without_manifest_is_not_trusted(tmp_path: Path, cell_log: Any) -> None:
+def test_a_directory_without_manifest_is_not_trusted(tmp_path: Path, fill: Any) -> None:
     stale = REQUEST.path(tmp_path / "cache")
     stale.mkdir(parents=True)
     (stale / "junk.whl").write_bytes(b"")
     pip = FakePip()
-    path = fill(tmp_path, cell_log, pip)
+    path = fill(pip)
     assert len(pip.calls) == 2
     assert not (path / "junk.whl").exists()
 
 
-def test_a_torch_of_another_version_is_refused(tmp_path: Path, cell_log: Any) -> None:
+def test_a_torch_of_another_version_is_refused(fill: Any) -> None:
     pip = FakePip(torch_wheel="torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl")
     with pytest.raises(CellError, match=r"wanted version 2\.13\.0\+cpu, got 2\.13\.0"):
-        fill(tmp_path, cell_log, pip)
+        fill(pip)
 
 
-def test_a_pin_without_local_version_accepts_the_build_pip_chose(
-    tmp_path: Path, cell_log: Any
-) -> None:
+def test_a_pin_without_local_version_accepts_the_build_pip_chose(fill: Any) -> None:
     request = WheelhouseRequest("cuda", "3.11", "torch==2.14.1", '{"test": ["pytest>=8"]}')
     pip = FakePip(torch_wheel="torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl")
-    path = ensure_wheelhouse(
-        request, INDEX, tmp_path / "cache", cell_log, pip_download=pip, probe=unreachable
-    )
+    path = fill(pip, request=request)
     assert path.name.startswith("torch-2.14.1-py3.11-")
 
 
@@ -226,7 +224,6 @@ def test_wheels_are_downloaded_by_the_cells_own_python(
     """pip evaluates dependency markers (tomli; python_version < "3.11") for the Python it
     runs on: a Python 3.10 cell's wheelhouse is filled by a Python 3.10 pip (>= 25.1)."""
     from fallback_matrix import runners as local
-    from fallback_matrix import wheelhouse
 
     commands: list[list[str]] = []
 
@@ -262,7 +259,5 @@ def test_wheels_are_downloaded_by_the_cells_own_python(
 def test_pip_installs_dependency_groups_from_25_1(
     monkeypatch: pytest.MonkeyPatch, pip: str, has_groups: bool
 ) -> None:
-    from fallback_matrix import wheelhouse
-
     monkeypatch.setattr(wheelhouse.importlib.metadata, "version", lambda name: pip)
     assert wheelhouse.pip_has_groups() is has_groups
