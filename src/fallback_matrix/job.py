@@ -105,11 +105,8 @@ def must_run(command: Command, env: Mapping[str, str], what: str) -> None:
         raise StepFailed(f"{what} failed (exit status {status}); its output is above")
 
 
-def capture(
-    command: Command, env: Mapping[str, str], cwd: Path | None = None
-) -> subprocess.CompletedProcess[str]:
-    command = [str(part) for part in command]
-    return subprocess.run(command, env=dict(env), cwd=cwd, capture_output=True, text=True)
+def capture(command: Command, **popen: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, capture_output=True, text=True, **popen)
 
 
 @contextmanager
@@ -160,12 +157,11 @@ def create_envs(job: Job, env: Mapping[str, str], report: Reporter) -> Path:
 
 def check_in_env(job: Job, env: Mapping[str, str], *args: str) -> dict[str, Any]:
     """``python -m fallback_matrix.job ARGS`` in the run venv: its JSON answer."""
-    result = capture(job.venv("-m", "fallback_matrix.job", *args), env, cwd=PACKAGE_PARENT)
+    result = capture(job.venv("-m", "fallback_matrix.job", *args), env=env, cwd=PACKAGE_PARENT)
     if result.returncode != 0:
         print(result.stdout + result.stderr, flush=True)
         raise StepFailed(f"checking {args[0]} in {job.run_venv} failed; see the error above")
-    answer: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-    return answer
+    return dict(json.loads(result.stdout.strip().splitlines()[-1]))
 
 
 def verify_torch(job: Job, env: Mapping[str, str], report: Reporter) -> dict[str, Any]:
@@ -244,18 +240,14 @@ def build_wheel(job: Job, torch_version: str, env: Mapping[str, str]) -> tuple[P
     wheel = job.pip("wheel", "--no-build-isolation", "--no-deps", "--no-index", "-v", "-w", dist)
     must_run([*wheel, job.build_dir], env, "building the wheel")
     built = one_wheel(dist, "pip wheel")
-    return built, check_torch_pin(job, built, torch_version, env)
-
-
-def check_torch_pin(job: Job, wheel: Path, torch_version: str, env: Mapping[str, str]) -> str:
-    answer = check_in_env(job, env, "wheel", str(wheel), torch_version)
+    answer = check_in_env(job, env, "wheel", str(built), torch_version)
     if not answer["matches"]:
         raise StepFailed(
-            f"{wheel.name} declares {answer['pins'] or 'no torch requirement'}, but it was built "
+            f"{built.name} declares {answer['pins'] or 'no torch requirement'}, but it was built "
             f"against torch {torch_version} and only loads under that release: its metadata "
             f"must say Requires-Dist: {answer['wanted']} (setup.py, distribution_metadata)"
         )
-    return str(answer["wanted"])
+    return built, str(answer["wanted"])
 
 
 def repair_wheel(
@@ -270,7 +262,7 @@ def repair_wheel(
     options = [f"--exclude={name}" for name in excludes]
     must_run([*auditwheel, "repair", *options, "--wheel-dir", out, wheel], env, "auditwheel repair")
     repaired = one_wheel(out, "auditwheel repair")
-    show = capture([*auditwheel, "show", repaired], env)
+    show = capture([*auditwheel, "show", repaired], env=env)
     shown = (
         f"auditwheel repair, excluding {', '.join(excludes)}: {repaired.name}\n"
         "(auditwheel show cannot see those exclusions: it calls the unbundled torch "
@@ -296,7 +288,7 @@ def install_wheel(job: Job, wheel: Path | None, env: Mapping[str, str], report: 
     must_run(job.pip("install", *source), env, what)
     job.test_cwd.mkdir(parents=True, exist_ok=True)
     probe = "import importlib.util; print(importlib.util.find_spec('torch_fallback').origin)"
-    result = capture(job.venv("-c", probe), env, cwd=job.test_cwd)
+    result = capture(job.venv("-c", probe), env=env, cwd=job.test_cwd)
     origin = result.stdout.strip()
     if result.returncode != 0 or not origin.startswith(str(job.run_venv)):
         raise StepFailed(
@@ -404,6 +396,7 @@ def run_steps(job: Job) -> int:
                 result["wheel"] = wheel.name
                 report.say(f"{wheel.name} -> {artifacts}")
         result["result"] = "passed"
+        print(f"\n=== [{job.cell}] all steps passed in {report.elapsed()}", flush=True)
     except StepFailed as error:
         result["failed_step"] = next(s["name"] for s in report.steps if s["status"] == "failed")
         result["error"] = str(error)
@@ -413,8 +406,6 @@ def run_steps(job: Job) -> int:
             run(["ccache", "-s"], build)
         result["seconds"] = round(time.monotonic() - report.started, 1)
         (artifacts / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    if result["result"] == "passed":
-        print(f"\n=== [{job.cell}] all steps passed in {report.elapsed()}", flush=True)
     return 0 if result["result"] == "passed" else 1
 
 

@@ -88,24 +88,17 @@ def without_pip_config(environ: Mapping[str, str]) -> dict[str, str]:
     return env | {"PIP_CONFIG_FILE": os.devnull}
 
 
-def run_process(
-    command: Sequence[str | Path],
-    sink: Callable[[str], None],
-    *,
-    env: Mapping[str, str] | None = None,
-    cwd: Path | None = None,
-) -> int:
+def run_process(command: Sequence[str | Path], sink: Callable[[str], None], **popen: Any) -> int:
     """Run ``command``, stderr merged into stdout, each line to ``sink``; its exit status."""
     with subprocess.Popen(
-        [str(part) for part in command],
+        command,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
-        env=dict(env) if env is not None else None,
-        cwd=cwd,
         text=True,
         errors="replace",
         bufsize=1,
+        **popen,
     ) as process:
         assert process.stdout is not None
         try:
