@@ -55,7 +55,7 @@ def read_json(path: Path) -> dict[str, Any]:
 def collect_rows(artifacts_root: Path, cells: Sequence[str] | None = None) -> list[CellRow]:
     """Rows for ``cells`` (default: every cell directory under ``artifacts_root``)."""
     if cells is None:
-        cells = sorted(p.name for p in artifacts_root.glob("*") if (p / RESULT_FILE).is_file())
+        cells = sorted(result.parent.name for result in artifacts_root.glob(f"*/{RESULT_FILE}"))
     rows = []
     for cell in cells:
         directory = artifacts_root / cell
@@ -64,10 +64,8 @@ def collect_rows(artifacts_root: Path, cells: Sequence[str] | None = None) -> li
         runner = str(result.get("runner", "-"))
         tests = read_counts(directory / JUNIT_FILE)
         passed = result.get("exit_code", 0 if result.get("result") == "passed" else 1) == 0
-        build = steps.get("build", {}).get("status")
-        if build is None:
-            build = "not reached" if result.get("failed_step") else "-"
-        build = build if build in ("ok", "not reached", "-") else "failed"
+        unreached = "not reached" if "failed_step" in result else "-"
+        build = steps.get("build", {}).get("status", unreached)  # a step is "ok" or "failed"
         outcome = "passed" if passed else "FAILED"
         rows.append(CellRow(cell, runner, build, tests, outcome, result.get("seconds")))
         if steps:  # the job ran: the example has a row, reached or not
@@ -75,9 +73,8 @@ def collect_rows(artifacts_root: Path, cells: Sequence[str] | None = None) -> li
             state = {"ok": "ok", "failed": "failed"}.get(example.get("status", ""), "not reached")
             tests = read_counts(directory / "example" / JUNIT_FILE)
             outcome = "passed" if state == "ok" else "FAILED"
-            rows.append(
-                CellRow(f"{cell}/example", runner, state, tests, outcome, example.get("seconds"))
-            )
+            seconds = example.get("seconds")
+            rows.append(CellRow(f"{cell}/example", runner, state, tests, outcome, seconds))
     return rows
 
 

@@ -5,7 +5,6 @@ them in and renders them as YAML, where a `Commented` value carries its end-of-l
 (an action's version, a zizmor ignore). Same matrix, same bytes: ``--check`` sees drift.
 """
 
-import dataclasses
 import string
 from collections.abc import Collection, Mapping, Sequence
 from operator import attrgetter
@@ -31,8 +30,7 @@ BUILD_OF = attrgetter("variant", "torch", "python", "cuda")  # a gpu cell tests 
 ACTIONS = {key: (f"{repo}@{sha}", version) for key, (repo, sha, version) in DATA["actions"].items()}
 
 
-@dataclasses.dataclass(frozen=True)
-class Commented:
+class Commented(NamedTuple):
     """A value written with a comment at the end of its line."""
 
     value: Any
