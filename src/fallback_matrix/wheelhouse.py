@@ -10,7 +10,6 @@ import importlib.metadata
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import urllib.error
@@ -24,9 +23,10 @@ import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import parse_wheel_filename
 
-from .job import GROUPS, PIP_WITH_GROUPS, torch_matches
+from .job import GROUPS, PIP_WITH_GROUPS, capture, torch_matches
 from .matrix import Cell, CellError
 from .report import Reporter, run_process, without_pip_config
+from .runners import find_python
 
 # pip does not widen --platform to older glibc versions by itself: list every
 # manylinux tag the images' glibc (Debian bookworm: 2.36) accepts, newest first.
@@ -101,9 +101,7 @@ def pip_cert(environ: Mapping[str, str]) -> str | None:
     for key in ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE"):
         if environ.get(key):
             return environ[key]
-    listing = subprocess.run(
-        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True
-    )
+    listing = capture([sys.executable, "-m", "pip", "config", "list"])
     for line in listing.stdout.splitlines():
         key, _, value = line.partition("=")
         if key.endswith(".cert") and value.strip("'\""):
@@ -123,8 +121,6 @@ def download_python(version: str, cache_root: Path, log: Reporter) -> str:
     """A Python ``version`` with pip >= 25.1 to run pip download for a cell with: pip
     evaluates dependency markers (``tomli; python_version < "3.11"``) for the Python it
     runs on, whatever --python-version says."""
-    from .runners import find_python
-
     if version == f"{sys.version_info.major}.{sys.version_info.minor}" and pip_has_groups():
         return sys.executable
     venv = cache_root / "pip" / f"py{version}"

@@ -223,8 +223,6 @@ def test_wheels_are_downloaded_by_the_cells_own_python(
 ) -> None:
     """pip evaluates dependency markers (tomli; python_version < "3.11") for the Python it
     runs on: a Python 3.10 cell's wheelhouse is filled by a Python 3.10 pip (>= 25.1)."""
-    from fallback_matrix import runners as local
-
     commands: list[list[str]] = []
 
     def fake_run(command: Any, sink: Any, **kwargs: Any) -> int:
@@ -233,7 +231,7 @@ def test_wheels_are_downloaded_by_the_cells_own_python(
             Path(command[-1]).mkdir(parents=True)
         return 0
 
-    monkeypatch.setattr(local, "find_python", lambda version, **kwargs: f"/opt/py{version}")
+    monkeypatch.setattr(wheelhouse, "find_python", lambda version, **kwargs: f"/opt/py{version}")
     monkeypatch.setattr(wheelhouse, "run_process", fake_run)
     python = wheelhouse.download_python("3.10", tmp_path, cell_log)
     assert python == str(tmp_path / "pip" / "py3.10" / "bin" / "python")
