@@ -28,7 +28,7 @@ from .job import Job, pytest_command
 from .matrix import Cell, CellError, LoadedMatrix, MatrixError, pick_cells
 from .report import JUNIT_FILE, LOG_FILE, RESULT_FILE, Reporter, run_process
 from .wheelhouse import WheelhouseRequest, ensure_wheelhouse
-from .workflows import REGENERATE_COMMAND, check_workflows, plan_workflows, write_workflows
+from .workflows import REGENERATE_COMMAND, check_workflows, plan_workflows
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 TOOLING_ROW = "tooling"
@@ -348,18 +348,19 @@ def cmd_publish_local(c: Context) -> int:
 
 def cmd_workflows(c: Context) -> int:
     planned = plan_workflows(c.matrix)
-    if c.args.check:
-        if drift := check_workflows(c.matrix.root, planned):
-            problems = "; ".join(f"{name}: {problem}" for name, problem in drift.items())
-            c.reporter.error(
-                f"the generated GitHub files are out of date with matrix.yaml ({problems}); "
-                f"regenerate them with `{REGENERATE_COMMAND}` (or `nox -s workflows`), commit them"
-            )
-            return EXIT_FAILED
+    drift = check_workflows(c.matrix.root, planned, fix=not c.args.check)
+    if not c.args.check:
+        for path in drift or ["nothing: already up to date"]:
+            c.reporter.say(f"wrote {path}")
+    elif drift:
+        problems = "; ".join(f"{name}: {problem}" for name, problem in drift.items())
+        c.reporter.error(
+            f"the generated GitHub files are out of date with matrix.yaml ({problems}); "
+            f"regenerate them with `{REGENERATE_COMMAND}` (or `nox -s workflows`) and commit them"
+        )
+        return EXIT_FAILED
+    else:
         c.reporter.say(f"{len(planned)} generated file(s) up to date with matrix.yaml")
-        return EXIT_OK
-    for path in write_workflows(c.matrix.root, planned) or ["nothing: already up to date"]:
-        c.reporter.say(f"wrote {path}")
     return EXIT_OK
 
 

@@ -212,9 +212,9 @@ def plan_workflows(matrix: LoadedMatrix, groups: str | None = None) -> dict[str,
     return planned
 
 
-def check_workflows(root: Path, planned: Mapping[str, str]) -> dict[str, str]:
+def check_workflows(root: Path, planned: Mapping[str, str], fix: bool = False) -> dict[str, str]:
     """What is wrong with each generated file not as ``planned``: it differs, is missing, or
-    was generated but is no longer planned (its name changed)."""
+    was generated but is no longer planned (its name changed). ``fix``: write or remove it."""
     committed = {
         path.relative_to(root).as_posix(): text
         for directory in (Path(ACTIONLINT_CONFIG).parent, WORKFLOWS_DIR)
@@ -227,16 +227,9 @@ def check_workflows(root: Path, planned: Mapping[str, str]) -> dict[str, str]:
             drift[name] = "missing"
         elif committed.get(name, text) != text:
             drift[name] = "differs from matrix.yaml"
-    return drift
-
-
-def write_workflows(root: Path, planned: Mapping[str, str]) -> list[str]:
-    """Write the planned files that differ or are missing; remove those no longer planned."""
-    drift = check_workflows(root, planned)
-    for name in drift:
-        if name not in planned:
-            (root / name).unlink()
-        else:
+    for name in drift if fix else ():
+        (root / name).unlink(missing_ok=True)
+        if name in planned:
             (root / name).parent.mkdir(parents=True, exist_ok=True)
             (root / name).write_text(planned[name], encoding="utf-8")
-    return list(drift)
+    return drift

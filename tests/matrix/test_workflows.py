@@ -19,7 +19,6 @@ from fallback_matrix.workflows import (
     WORKFLOWS_DIR,
     check_workflows,
     plan_workflows,
-    write_workflows,
 )
 
 REQUIREMENTS = '{"build": ["setuptools>=69"], "test": ["pytest>=8"]}'
@@ -84,7 +83,7 @@ def test_a_changed_matrix_makes_the_drift_check_fail(
 ) -> None:
     shutil.copy(repo_root / "pyproject.toml", tmp_path / "pyproject.toml")
     matrix = load_matrix(write_matrix(matrix_data))
-    write_workflows(tmp_path, plan_workflows(matrix))
+    check_workflows(tmp_path, plan_workflows(matrix), fix=True)
     assert not check_workflows(tmp_path, plan_workflows(matrix))
     assert cli.main(["--matrix", str(matrix.file), "workflows", "--check"]) == 0
 
@@ -114,7 +113,7 @@ def test_stale_generated_files_count_as_drift(
     tmp_path: Path, write_matrix: Any, matrix_data: dict[str, Any]
 ) -> None:
     planned = plan_workflows(load_matrix(write_matrix(matrix_data)), REQUIREMENTS)
-    write_workflows(tmp_path, planned)
+    check_workflows(tmp_path, planned, fix=True)
     old = tmp_path / WORKFLOWS_DIR / "matrix-old.yml"
     old.write_text(next(iter(planned.values())), encoding="utf-8")
     hand_written = tmp_path / WORKFLOWS_DIR / "deploy.yml"
@@ -122,7 +121,7 @@ def test_stale_generated_files_count_as_drift(
     assert check_workflows(tmp_path, planned) == {
         f"{WORKFLOWS_DIR.as_posix()}/matrix-old.yml": "no longer generated"
     }
-    write_workflows(tmp_path, planned)
+    check_workflows(tmp_path, planned, fix=True)
     assert not old.exists() and hand_written.exists()
 
 
