@@ -213,9 +213,7 @@ class Context:
         file = Path(args.matrix) if args.matrix else matrix.find_matrix_file(Path.cwd())
         self.matrix = matrix.load_matrix(file)
         overrides = dict(matrix.parse_index_override(text) for text in args.index_url or [])
-        self.cells = matrix.expand_cells(
-            self.matrix.spec, environ=os.environ, index_overrides=overrides
-        )
+        self.cells = matrix.expand_cells(self.matrix.spec, environ=os.environ, overrides=overrides)
         self.artifacts = Path(args.artifacts or self.matrix.root / "artifacts").resolve()
 
     def cell(self, name: str, results_name: str | None = None) -> Cell:

@@ -41,9 +41,8 @@ class MatrixFileError(MatrixError):
         self.problems = tuple(problems)
         lines = [f"{file} is not a valid matrix ({len(problems)} problem(s)):"]
         for key, message, line in problems:
-            lines.append(
-                f"  {file}{f':{line}' if line else ''}:{f' {key}:' if key else ''} {message}"
-            )
+            at = f"{file}:{line}" if line else str(file)
+            lines.append(f"  {at}:{f' {key}:' if key else ''} {message}")
         lines.append("Fix the file and run again; the comments at its top describe every key.")
         super().__init__("\n".join(lines))
 
@@ -197,11 +196,9 @@ def load_matrix(file: Path) -> LoadedMatrix:
     except (yaml.YAMLError, OSError, UnicodeDecodeError) as error:
         raise MatrixFileError(file, [Problem("", f"cannot be read: {error}")]) from None
 
-    def problem(loc: KeyPath, message: str) -> Problem:
-        line = next(
-            (lines[loc[:end]] for end in range(len(loc), -1, -1) if loc[:end] in lines), None
-        )
-        return Problem(format_key_path(loc), message, line)
+    def problem(loc: KeyPath, message: str) -> Problem:  # at the line of its nearest key
+        known = [lines[loc[:end]] for end in range(len(loc) + 1) if loc[:end] in lines]
+        return Problem(format_key_path(loc), message, known[-1] if known else None)
 
     if not isinstance(data, dict):
         kind = "empty" if data is None else f"a {type(data).__name__}"
@@ -311,11 +308,11 @@ def expand_cells(
     spec: MatrixFile,
     *,
     environ: Mapping[str, str] | None = None,
-    index_overrides: Mapping[VariantName, str] | None = None,
+    overrides: Mapping[VariantName, str] | None = None,  # --index-url's, per variant
     selection: SelectionName | None = None,
 ) -> tuple[Cell, ...]:
     """All cells of ``spec`` (or those in ``selection``: "pr" or "main"), defaults applied."""
-    defaults, environ, overrides, cells = spec.defaults, environ or {}, index_overrides or {}, []
+    defaults, environ, overrides, cells = spec.defaults, environ or {}, overrides or {}, []
     for cell in spec.cells:
         selections = tuple(cell.selections or defaults.selections)
         if selection is not None and selection not in selections:

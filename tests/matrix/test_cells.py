@@ -67,7 +67,7 @@ def test_command_line_overrides_the_environment(matrix_data: dict[str, Any]) -> 
     cells = expand(
         matrix_data,
         environ={"FALLBACK_MATRIX_INDEX_URL_CUDA": "https://env.example"},
-        index_overrides={"cuda": "https://cli.example"},
+        overrides={"cuda": "https://cli.example"},
     )
     assert cells["cuda"].index.url == "https://cli.example"
     assert cells["cuda-gpu"].index.url == "https://cli.example"
