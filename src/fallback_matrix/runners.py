@@ -131,10 +131,8 @@ class LocalRunner:
 
 
 class ImagePlan(NamedTuple):
-    context: Path
-    dockerfile: str
-    build_args: Mapping[str, str]
     tag: str
+    build: dict[str, Any]  # the arguments of client.api.build
 
 
 def plan_image(repo: Path, job: Job) -> ImagePlan:
@@ -149,7 +147,9 @@ def plan_image(repo: Path, job: Job) -> ImagePlan:
         digest.update(path.read_bytes() + b"\0")
     digest.update(json.dumps(build_args, sort_keys=True).encode())
     tag = f"torch-fallback-build:{digest.hexdigest()[:12]}"
-    return ImagePlan(context, dockerfile.name, build_args, tag)
+    build: dict[str, Any] = {"path": str(context), "dockerfile": dockerfile.name, "tag": tag}
+    build |= {"buildargs": build_args, "labels": {LABEL: "image"}, "rm": True, "forcerm": True}
+    return ImagePlan(tag, build)
 
 
 def ensure_image(client: DockerClient, plan: ImagePlan, log: Reporter) -> str:
@@ -159,21 +159,11 @@ def ensure_image(client: DockerClient, plan: ImagePlan, log: Reporter) -> str:
         log.say(f"image {plan.tag}: reusing it (Dockerfile and build args unchanged)")
         return plan.tag
     except docker.errors.ImageNotFound:
-        log.say(
-            f"image {plan.tag}: building {plan.context / plan.dockerfile} with {plan.build_args}"
-        )
+        dockerfile = Path(plan.build["path"]) / plan.build["dockerfile"]
+        log.say(f"image {plan.tag}: building {dockerfile} with {plan.build['buildargs']}")
     failed = f"cell {log.cell}: building image {plan.tag} failed"
     try:
-        for chunk in client.api.build(
-            path=str(plan.context),
-            dockerfile=plan.dockerfile,
-            tag=plan.tag,
-            buildargs=dict(plan.build_args),
-            labels={LABEL: "image"},
-            rm=True,
-            forcerm=True,
-            decode=True,
-        ):
+        for chunk in client.api.build(**plan.build, decode=True):
             for line in str(chunk.get("stream", "")).splitlines():
                 log.line(line)
             if "error" in chunk:

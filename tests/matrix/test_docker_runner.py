@@ -128,9 +128,14 @@ def test_gpus_only_when_asked_or_needed(work: Job) -> None:
     assert requests(dataclasses.replace(work, gpu=True))  # a gpu cell
 
 
+def image_plan(build_args: dict[str, str]) -> ImagePlan:
+    tag = "torch-fallback-build:abc"
+    return ImagePlan(tag, {"path": "/ctx", "dockerfile": "Dockerfile", "buildargs": build_args})
+
+
 def test_an_existing_image_is_reused(cell_log: Any) -> None:
     client = MagicMock()
-    plan = ImagePlan(Path("/ctx"), "Dockerfile", {"BASE_IMAGE": "b"}, "torch-fallback-build:abc")
+    plan = image_plan({"BASE_IMAGE": "b"})
     assert ensure_image(client, plan, cell_log) == plan.tag
     client.api.build.assert_not_called()
 
@@ -141,10 +146,10 @@ def test_a_missing_image_is_built_with_its_args(cell_log: Any) -> None:
     client.api.build.return_value = iter(
         [{"stream": "Step 1/3\n"}, {"stream": "Successfully built\n"}]
     )
-    plan = ImagePlan(Path("/ctx"), "Dockerfile", {"BASE_IMAGE": "b"}, "torch-fallback-build:abc")
+    plan = image_plan({"BASE_IMAGE": "b"})
     ensure_image(client, plan, cell_log)
     kwargs = client.api.build.call_args.kwargs
-    assert kwargs["tag"] == plan.tag and kwargs["buildargs"] == {"BASE_IMAGE": "b"}
+    assert kwargs["path"] == "/ctx" and kwargs["buildargs"] == {"BASE_IMAGE": "b"}
     assert "Step 1/3" in cell_log.path.read_text()
 
 
@@ -152,7 +157,7 @@ def test_an_image_build_failure_names_the_cell_and_log(cell_log: Any) -> None:
     client = MagicMock()
     client.images.get.side_effect = docker.errors.ImageNotFound("nope")
     client.api.build.return_value = iter([{"error": "apt-get failed"}])
-    plan = ImagePlan(Path("/ctx"), "Dockerfile", {}, "torch-fallback-build:abc")
+    plan = image_plan({})
     with pytest.raises(
         CellError,
         match=r"cell cpu: building image .* failed: apt-get failed; log: .*cell.log",

@@ -10,7 +10,7 @@ import pytest
 from fallback_matrix.cli import make_job
 from fallback_matrix.job import Job
 from fallback_matrix.matrix import CellError, LoadedMatrix, MatrixFile, expand_cells
-from fallback_matrix.runners import plan_image
+from fallback_matrix.runners import LABEL, plan_image
 
 BASE = "python:3.11-slim-bookworm"
 
@@ -83,9 +83,10 @@ def test_plan_uses_the_cell_base_as_build_arg(repo_root: Path, matrix_data: dict
     matrix_data["cells"][0]["image"] = {"base": "debian:bookworm-slim"}
     cpu, cuda, _ = jobs_of(matrix_data, repo_root)
     plan_cpu, plan_cuda = plan_image(repo_root, cpu), plan_image(repo_root, cuda)
-    assert plan_cpu.build_args == {"BASE_IMAGE": "debian:bookworm-slim"}
-    assert plan_cpu.context == repo_root / "docker"
-    assert plan_cpu.tag != plan_cuda.tag
+    assert plan_cpu.build["buildargs"] == {"BASE_IMAGE": "debian:bookworm-slim"}
+    assert plan_cpu.build["path"] == str(repo_root / "docker")
+    assert plan_cpu.build["tag"] == plan_cpu.tag != plan_cuda.tag
+    assert plan_cpu.build["labels"] == {LABEL: "image"}  # `clean --caches` finds it
 
 
 def test_plan_names_a_missing_dockerfile(tmp_path: Path, matrix_data: dict[str, Any]) -> None:
