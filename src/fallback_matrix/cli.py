@@ -27,6 +27,7 @@ from . import matrix, runners, summary
 from .job import Job, pytest_command
 from .matrix import Cell, CellError, LoadedMatrix, MatrixError, pick_cells
 from .report import JUNIT_FILE, LOG_FILE, RESULT_FILE, Reporter, run_process
+from .runners import Runner
 from .wheelhouse import WheelhouseRequest, ensure_wheelhouse
 from .workflows import REGENERATE_COMMAND, check_workflows, plan_workflows
 
@@ -89,19 +90,13 @@ def make_job(matrix: LoadedMatrix, cell: Cell, cache: Path, artifacts: Path, **o
 
 
 def run_cell(
-    matrix: LoadedMatrix,
-    cell: Cell,
-    runner: runners.Runner,
-    artifacts_root: Path,
-    reporter: Reporter,
-    **options: Any,
+    matrix: LoadedMatrix, cell: Cell, runner: Runner, out: Path, reporter: Reporter, **options: Any
 ) -> CellResult:
-    """Run one cell (``options``: Job fields); a failure ends up in the result, never raised."""
-    artifacts = artifacts_root / cell.name
-    shutil.rmtree(artifacts, ignore_errors=True)
-    artifacts.mkdir(parents=True)
+    """Run one cell, its result (cell.log, result.json, the job's artifacts) in ``out``;
+    ``options``: Job fields. A failure ends up in the result, never raised."""
+    shutil.rmtree(out, ignore_errors=True)
     started, error, exit_code, where = time.monotonic(), None, 1, runner.name
-    with reporter.for_cell(cell.name, artifacts / LOG_FILE) as log:
+    with reporter.for_cell(cell.name, out / LOG_FILE) as log:
         tests = f"tests {' '.join(cell.tests.paths)} -m {cell.tests.markers!r}"
         index = f"index {cell.index.url} ({cell.index.source})"
         log.say(f"torch=={cell.torch} ({cell.variant}), Python {cell.python}, {tests}, {index}")
@@ -109,7 +104,7 @@ def run_cell(
             cache = cache_root(matrix.root)
             request = WheelhouseRequest.for_cell(cell, matrix.root / "pyproject.toml")
             wheelhouse = ensure_wheelhouse(request, cell.index.url, cache, log, cell.variant)
-            job = make_job(matrix, cell, cache, artifacts, wheelhouse=str(wheelhouse), **options)
+            job = make_job(matrix, cell, cache, out, wheelhouse=str(wheelhouse), **options)
             exit_code, where = runner.run(job, log)
             if exit_code != 0:
                 status = f"exit status {exit_code}{EXIT_REASONS.get(exit_code, '')}"
@@ -118,11 +113,11 @@ def run_cell(
             error = str(problem) if cell.name in str(problem) else f"cell {cell.name}: {problem}"
             log.line(f"error: {error}")
     seconds = round(time.monotonic() - started, 1)
-    record = summary.read_json(artifacts / RESULT_FILE)  # the job's steps, when it ran
+    record = summary.read_json(out / RESULT_FILE)  # the job's steps, when it ran
     record |= {"cell": cell.name, "runner": runner.name, "where": where, "exit_code": exit_code}
     record |= {"seconds": seconds, "error": error or record.get("error")}
-    (artifacts / RESULT_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    return CellResult(exit_code, seconds, artifacts / LOG_FILE, error)
+    (out / RESULT_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return CellResult(exit_code, seconds, out / LOG_FILE, error)
 
 
 def run_tooling_tests(matrix: LoadedMatrix, artifacts: Path, reporter: Reporter) -> bool:
@@ -226,7 +221,8 @@ class Context:
         results, options = [], {"gpus": self.args.gpus, **options}
         for number, cell in enumerate(cells, start=1):
             self.reporter.rule(f"cell {cell.name} ({number}/{len(cells)}) - runner {runner.name}")
-            result = run_cell(self.matrix, cell, runner, self.artifacts, self.reporter, **options)
+            out = self.artifacts / cell.name
+            result = run_cell(self.matrix, cell, runner, out, self.reporter, **options)
             state = "passed" if result.exit_code == 0 else "FAILED"
             self.reporter.say(f"{cell.name} {state} in {result.seconds:.0f}s (log {result.log})")
             results.append(result)

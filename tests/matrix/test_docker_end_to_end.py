@@ -92,7 +92,7 @@ def run_script(repo_root: Path, tmp_path: Path, client: Any, volume: str, script
         matrix,
         cell,
         CommandRunner(client, volume, script),
-        artifacts_root=tmp_path / "artifacts",
+        out=tmp_path / "artifacts" / cell.name,
         reporter=Reporter(),
     )
 
@@ -185,7 +185,7 @@ def test_a_cell_runs_with_its_cache_bind_mounted_from_another_users_directory(
             matrix,
             cell,
             DockerRunner(),
-            artifacts_root=tmp_path / "artifacts",
+            out=tmp_path / "artifacts" / cell.name,
             reporter=Reporter(),
         )
         log = result.log.read_text()

@@ -136,7 +136,7 @@ def test_run_cell_gives_the_job_its_wheelhouse_and_records_the_result(
     wheelhouse.mkdir(parents=True)
     (wheelhouse / MANIFEST_NAME).write_text("{}")  # complete: nothing to download
     runner = FakeRunner(status)
-    result = run_cell(matrix, cell, runner, artifacts_root=tmp_path / "out", reporter=Reporter())
+    result = run_cell(matrix, cell, runner, out=tmp_path / "out" / "cpu", reporter=Reporter())
     (job,) = runner.jobs
     assert job.wheelhouse == str(wheelhouse) and job.torch == "2.13.0+cpu"
     assert "the job ran" in result.log.read_text()
