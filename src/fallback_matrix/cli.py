@@ -73,7 +73,7 @@ def make_job(matrix: LoadedMatrix, cell: Cell, cache: Path, artifacts: Path, **o
     local, tests, image = cache / "local", cell.tests, cell.image
     return Job(
         cell=cell.name,
-        **cell.model_dump(include={"python", "torch", "cuda", "gpu"}),
+        **cell.model_dump(include={"python", "torch", "cuda", "gpu", "pypi"}),
         test_paths=list(tests.paths),
         test_markers=tests.markers,
         allow_empty=tests.allow_empty,
@@ -84,7 +84,6 @@ def make_job(matrix: LoadedMatrix, cell: Cell, cache: Path, artifacts: Path, **o
         artifacts=str(artifacts),
         dockerfile=image.dockerfile,
         base_image=image.base,
-        plain_version=cell.pypi,
         **options,
     )
 
@@ -322,9 +321,8 @@ def cmd_publish_local(c: Context) -> int:
     cell = c.cell(c.args.cell, f"{c.args.cell}-from-index")
     packages = cache_root(c.matrix.root) / "local-index"
     shutil.rmtree(packages, ignore_errors=True)
-    log_file = c.artifacts / "publish-local" / "publish.log"
     with (
-        c.reporter.for_cell("publish", log_file) as log,
+        c.reporter.for_cell("publish", c.artifacts / "publish-local" / "publish.log") as log,
         local_index(Path(c.args.tools), packages, log) as url,
     ):
         log.say(f"twine upload of {len(wheels)} wheel(s) to {url}/")

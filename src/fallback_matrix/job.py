@@ -58,7 +58,7 @@ class Job:
     base_image: str = "python:3.11-slim-bookworm"
     gpus: bool = False  # pass the host's GPUs into the container
     example: str = "examples/third_party_backend"
-    plain_version: bool = False  # build without the local version label (the PyPI build)
+    pypi: bool = False  # the build PyPI gets: no local version label
     prebuilt_wheel: str | None = None  # set: install and test this wheel, build nothing
     index_url: str | None = None  # set: install `requirement` from this index, build nothing
     requirement: str | None = None
@@ -210,17 +210,17 @@ def build_env(job: Job, base: Path, env: Mapping[str, str], report: Reporter) ->
     """PATH with ccache's compiler wrappers and the venvs' tools (ninja) first; ccache settings."""
     path = [str(job.run_venv / "bin"), str(base / "bin"), env.get("PATH", os.defpath)]
     build = dict(env, MAX_JOBS=env.get("MAX_JOBS", str(os.cpu_count() or 1)))
-    if job.plain_version:
+    if job.pypi:
         build[PLAIN_VERSION_ENV] = "1"
-    if not shutil.which("ccache", path=env.get("PATH")):
+    if shutil.which("ccache", path=env.get("PATH")):
+        ccache = Path(job.cache) / "ccache"
+        build |= {"CCACHE_DIR": str(ccache), "CCACHE_BASEDIR": str(job.build_dir)}
+        build |= {"CCACHE_NOHASHDIR": "1", "CCACHE_MAXSIZE": env.get("CCACHE_MAXSIZE", "5G")}
+        if CCACHE_WRAPPERS.is_dir():
+            path.insert(0, str(CCACHE_WRAPPERS))
+        report.say(f"ccache on: {CCACHE_WRAPPERS} first on PATH, CCACHE_DIR={ccache}")
+    else:
         report.say("ccache not found: builds are not cached (apt-get install ccache)")
-        return build | {"PATH": os.pathsep.join(path)}
-    if CCACHE_WRAPPERS.is_dir():
-        path.insert(0, str(CCACHE_WRAPPERS))
-    ccache = Path(job.cache) / "ccache"
-    build |= {"CCACHE_DIR": str(ccache), "CCACHE_BASEDIR": str(job.build_dir)}
-    build |= {"CCACHE_NOHASHDIR": "1", "CCACHE_MAXSIZE": env.get("CCACHE_MAXSIZE", "5G")}
-    report.say(f"ccache on: {CCACHE_WRAPPERS} first on PATH, CCACHE_DIR={ccache}")
     return build | {"PATH": os.pathsep.join(path)}
 
 
