@@ -176,6 +176,35 @@ def test_results_do_not_alias_their_inputs(placement):
     assert y.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
 
 
+def assert_a_relay_tensor_like_any_other(result: torch.Tensor, like: torch.Tensor) -> None:
+    # A kernel's fresh result may become the relay tensor itself: nothing of the
+    # CPU or CUDA tensor it was may remain.
+    assert result.device == like.device and result.untyped_storage().device == like.device
+    assert not result.is_cpu and not result.is_cuda
+    assert torch._C._dispatch_keys(result) == torch._C._dispatch_keys(like)
+    assert result.untyped_storage().nbytes() >= result.numel() * result.element_size()
+
+
+def test_results_are_relay_tensors_like_any_other(placement):
+    x, w = torch.randn(4, 3).to("relay"), torch.randn(5, 3).to("relay")
+    fresh = torch.empty(1, device="relay")
+    results = [torch.relu(x), x.t() * 2, torch.mm(x, w.t()), torch.cumsum(x, 0)]  # last: boxed
+    results += list(torch.ops.aten.native_layer_norm(x, [3], None, None, 1e-5))
+    for result in results:
+        assert_a_relay_tensor_like_any_other(result, fresh)
+    version = results[0]._version
+    results[0].add_(1)
+    assert results[0]._version == version + 1
+    with torch.inference_mode():
+        in_inference = torch.relu(x)
+        assert_a_relay_tensor_like_any_other(in_inference, torch.empty(1, device="relay"))
+    # Autograd builds its graph on the adopted result.
+    leaf = torch.randn(4, 3).to("relay").requires_grad_()
+    (leaf * leaf).sum().backward()
+    assert_a_relay_tensor_like_any_other(leaf.grad, fresh)
+    assert torch.equal(leaf.grad.cpu(), 2 * leaf.detach().cpu())
+
+
 def test_a_cpu_scalar_tensor_among_the_arguments(placement):
     # A 0-dim CPU tensor (a Python number) stays on the CPU, as eager CUDA takes it.
     actual, expected = run_both(lambda on: torch.mul(on(torch.randn(3, 2)), torch.tensor(2.5)))

@@ -106,14 +106,7 @@ at::Tensor adopt(const at::Tensor& home_tensor, c10::DeviceIndex index) {
                     &release_adopted, tinydev_device(index));
   c10::Storage storage(c10::Storage::use_byte_size_t(), source.nbytes(), std::move(data),
                        &g_allocator, /*resizable=*/true);
-  auto tensor = at::detail::make_tensor<c10::TensorImpl>(
-      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-      home_tensor.dtype());
-  tensor.unsafeGetTensorImpl()->set_sizes_and_strides(
-      home_tensor.sizes(), home_tensor.strides(), home_tensor.storage_offset());
-  tensor._set_conj(home_tensor.is_conj());
-  tensor._set_neg(home_tensor.is_neg());
-  return tensor;
+  return torch_fallback::backend_tensor_over(std::move(storage), home_tensor);
 }
 
 const torch_fallback::BackendAdapter& adapter() {

@@ -125,6 +125,38 @@ struct StorageCopy {
   int64_t first_byte;    // the backend storage's byte that its byte 0 holds
 };
 
+c10::Storage empty_storage(c10::Device device) {
+  return c10::Storage(c10::Storage::use_byte_size_t(), 0, c10::DataPtr(nullptr, device),
+                      /*allocator=*/nullptr, /*resizable=*/false);
+}
+
+// The dispatch keys of a CPU or CUDA TensorImpl as tensor_over makes it, lazy bits aside.
+c10::DispatchKeySet plain_keys(bool cuda) {
+  const auto keys_on = [](c10::Device device, c10::DispatchKey key) {
+    return at::detail::make_tensor<c10::TensorImpl>(empty_storage(device),
+                                                    c10::DispatchKeySet(key),
+                                                    caffe2::TypeMeta::Make<float>())
+        .key_set();
+  };
+  static const c10::DispatchKeySet cpu = keys_on(c10::Device(c10::kCPU), c10::DispatchKey::CPU);
+  static const c10::DispatchKeySet on_cuda =
+      keys_on(c10::Device(c10::kCUDA, 0), c10::DispatchKey::CUDA);
+  return cuda ? on_cuda : cpu;
+}
+
+// Whether `tensor` is a plain CPU or CUDA TensorImpl that nothing else holds and
+// no kernel gave state a fresh one lacks: one the fallback may set up anew.
+bool is_plain_and_unshared(const at::Tensor& tensor) {
+  if (!tensor.defined() || tensor.use_count() != 1 || tensor.weak_use_count() != 1) return false;
+  c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
+  if (!impl->is_cpu() && !impl->is_cuda()) return false;
+  // The key set tells a plain TensorImpl from its subclasses (nested, sparse, ...).
+  return impl->key_set().remove(c10::DispatchKey::Conjugate).remove(c10::DispatchKey::Negative) ==
+             plain_keys(impl->is_cuda()) &&
+         impl->autograd_meta() == nullptr && impl->get_backend_meta() == nullptr &&
+         !impl->is_wrapped_number() && impl->allow_tensor_metadata_change();
+}
+
 }  // namespace
 
 namespace detail {
@@ -170,44 +202,17 @@ class TargetImplPool {
   // Keeps `tensor`'s TensorImpl for a later call when nothing else holds it
   // and no kernel gave it state a fresh one lacks.
   void park(at::Tensor&& tensor) {
-    if (!tensor.defined() || tensor.use_count() != 1 || tensor.weak_use_count() != 1) return;
+    if (!is_plain_and_unshared(tensor)) return;
     c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
     const bool cuda = impl->is_cuda();
     auto& parked = cuda ? cuda_ : cpu_;
-    // The key set tells a plain TensorImpl from its subclasses (nested, sparse, ...).
-    if (parked.size() >= kCapacity ||
-        impl->key_set().remove(c10::DispatchKey::Conjugate).remove(c10::DispatchKey::Negative) !=
-            plain_keys(cuda) ||
-        impl->autograd_meta() != nullptr ||
-        impl->get_backend_meta() != nullptr ||
-        impl->is_wrapped_number() || !impl->allow_tensor_metadata_change()) {
-      return;
-    }
+    if (parked.size() >= kCapacity) return;
     impl->set_storage_keep_dtype(cuda ? empty_cuda_ : empty_cpu_);  // frees no memory late
     parked.push_back(tensor.unsafeReleaseIntrusivePtr());
   }
 
  private:
   static constexpr size_t kCapacity = 1024;
-
-  static c10::Storage empty_storage(c10::Device device) {
-    return c10::Storage(c10::Storage::use_byte_size_t(), 0, c10::DataPtr(nullptr, device),
-                        /*allocator=*/nullptr, /*resizable=*/false);
-  }
-
-  // The dispatch keys of a TensorImpl as tensor_over makes it, lazy bits aside.
-  static c10::DispatchKeySet plain_keys(bool cuda) {
-    const auto keys_on = [](c10::Device device, c10::DispatchKey key) {
-      return at::detail::make_tensor<c10::TensorImpl>(empty_storage(device),
-                                                      c10::DispatchKeySet(key),
-                                                      caffe2::TypeMeta::Make<float>())
-          .key_set();
-    };
-    static const c10::DispatchKeySet cpu = keys_on(c10::Device(c10::kCPU), c10::DispatchKey::CPU);
-    static const c10::DispatchKeySet on_cuda =
-        keys_on(c10::Device(c10::kCUDA, 0), c10::DispatchKey::CUDA);
-    return cuda ? on_cuda : cpu;
-  }
 
   std::vector<Impl> cpu_;
   std::vector<Impl> cuda_;
@@ -826,6 +831,21 @@ void boxed_fallback(const BackendAdapter& backend, const c10::OperatorHandle& op
   FallbackCall(backend, op, stack).run();
 }
 
+at::Tensor backend_tensor_over(c10::Storage storage, const at::Tensor& home_tensor) {
+  const c10::Device device = storage.device();
+  if (is_plain_and_unshared(home_tensor) && !c10::impl::TorchDispatchModeTLS::any_modes_set()) {
+    c10::TensorImpl* impl = home_tensor.unsafeGetTensorImpl();
+    impl->set_storage_keep_dtype(std::move(storage));
+    impl->_change_backend_component_keys(device);
+    return home_tensor;
+  }
+  const auto key = c10::computeDispatchKey(std::nullopt, c10::kStrided, device);
+  auto tensor = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(key), home_tensor.dtype());
+  take_geometry(tensor.unsafeGetTensorImpl(), home_tensor);
+  return tensor;
+}
+
 at::Tensor home_view(const BackendAdapter& backend, const at::Tensor& tensor) {
   return tensor_over(backend.home_storage(tensor.storage()), backend.home_device(tensor.storage()),
                      tensor);
@@ -833,8 +853,14 @@ at::Tensor home_view(const BackendAdapter& backend, const at::Tensor& tensor) {
 
 void copy_between(const BackendAdapter& backend, const at::Tensor& src, const at::Tensor& dst,
                   bool non_blocking) {
+  // Every autocast cast comes here: the views are the pool's, as a DirectCall's are.
+  TargetImplPool* const pool = TargetImplPool::for_this_call();
   const auto on_home = [&](const at::Tensor& tensor) {
-    return tensor.device().type() == backend.device_type ? home_view(backend, tensor) : tensor;
+    if (tensor.device().type() != backend.device_type) return tensor;
+    const c10::Storage& storage = tensor.storage();
+    const c10::Device home = backend.home_device(storage);
+    return pool != nullptr ? pool->take(backend.home_storage(storage), home, tensor)
+                           : tensor_over(backend.home_storage(storage), home, tensor);
   };
   if (src.device().type() == backend.device_type && dst.device().type() == backend.device_type &&
       src.storage().is_alias_of(dst.storage())) {
@@ -847,7 +873,13 @@ void copy_between(const BackendAdapter& backend, const at::Tensor& src, const at
     at::assert_no_internal_overlap(dst);
     at::assert_no_partial_overlap(dst, src);
   }
-  on_home(dst).copy_(on_home(src), non_blocking);
+  at::Tensor dst_on_home = on_home(dst);
+  at::Tensor src_on_home = on_home(src);
+  dst_on_home.copy_(src_on_home, non_blocking);
+  if (pool != nullptr) {
+    pool->park(std::move(dst_on_home));
+    pool->park(std::move(src_on_home));
+  }
 }
 
 namespace detail {

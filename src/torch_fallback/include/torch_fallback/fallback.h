@@ -133,6 +133,13 @@ TORCH_FALLBACK_API bool targets_cuda();
 // A CPU or CUDA tensor viewing the same bytes as a backend tensor.
 TORCH_FALLBACK_API at::Tensor home_view(const BackendAdapter& backend, const at::Tensor& tensor);
 
+// A backend tensor over `storage` (a backend storage sharing `home_tensor`'s
+// memory) with `home_tensor`'s dtype and geometry: what an adopt returns. A
+// kernel's fresh result, which nothing else holds, becomes that tensor itself
+// rather than leaving a second TensorImpl to make and one to free.
+TORCH_FALLBACK_API at::Tensor backend_tensor_over(c10::Storage storage,
+                                                  const at::Tensor& home_tensor);
+
 // A copy between a backend tensor and a CPU, CUDA or backend tensor, run on
 // the home devices. Refuses overlapping source and destination as eager
 // copy_ does.

@@ -202,20 +202,12 @@ c10::Device output_home(c10::DeviceIndex index) {
 
 at::Tensor adopt(const at::Tensor& home_tensor, c10::DeviceIndex index) {
   const c10::Storage& source = home_tensor.storage();
-  const size_t nbytes = source.nbytes();
   // The fallback runs later ops on this storage in place (the Block keeps it);
   // a kernel must never give it new memory, which the relay storage would not see.
   source.unsafeGetStorageImpl()->set_resizable(false);
-  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, relay_data_ptr(source, index),
-                       allocator(), /*resizable=*/true);
-  auto tensor = at::detail::make_tensor<c10::TensorImpl>(
-      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-      home_tensor.dtype());
-  tensor.unsafeGetTensorImpl()->set_sizes_and_strides(
-      home_tensor.sizes(), home_tensor.strides(), home_tensor.storage_offset());
-  tensor._set_conj(home_tensor.is_conj());
-  tensor._set_neg(home_tensor.is_neg());
-  return tensor;
+  c10::Storage storage(c10::Storage::use_byte_size_t(), source.nbytes(),
+                       relay_data_ptr(source, index), allocator(), /*resizable=*/true);
+  return backend_tensor_over(std::move(storage), home_tensor);
 }
 
 void resize_storage_bytes(const c10::Storage& storage, size_t nbytes) {
