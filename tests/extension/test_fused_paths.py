@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from checks import assert_fell_back
+from checks import assert_fell_back, served_unboxed
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -122,6 +122,15 @@ def test_attention_runs_the_targets_fused_kernel(placement, causal):
     used = [name for name in FUSED_ATTENTION if name in calls]
     assert used, f"scaled_dot_product_attention did not take a fused kernel on relay: {calls}"
     assert "aten::bmm" not in calls and "aten::_softmax" not in calls, calls
+    # Where relay's memory is on the target, the choice and the kernels run unboxed.
+    attention = {
+        name: m
+        for name, m in torch_fallback.metrics().items()
+        if "_sdp" in name or "attention" in name
+    }
+    assert "aten::_fused_sdp_choice" in attention and len(attention) >= 3, attention
+    boxed = {name: m.calls - m.calls_unboxed for name, m in attention.items()}
+    assert not any(boxed.values()) == served_unboxed(placement), boxed
     # The math path, on relay (as before) and in eager on the CPU, is the reference.
     with sdpa_kernel(SDPBackend.MATH):
         torch_fallback.reset_metrics()

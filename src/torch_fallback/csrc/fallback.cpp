@@ -1017,7 +1017,7 @@ std::vector<at::Tensor> DirectCall::finish(const std::vector<at::Tensor>& result
   return on_backend;
 }
 
-void DirectCall::finish_in_place() {
+void DirectCall::finish() {
   synchronize_if_asked();
   finished_ = true;
 }

@@ -39,8 +39,15 @@
 #include <ATen/ops/_foreach_mul_ops.h>
 #include <ATen/ops/_foreach_sqrt_ops.h>
 #include <ATen/ops/_foreach_zero_ops.h>
+#include <ATen/ops/_fused_sdp_choice_ops.h>
 #include <ATen/ops/_log_softmax_backward_data_ops.h>
 #include <ATen/ops/_log_softmax_ops.h>
+#include <ATen/ops/_scaled_dot_product_cudnn_attention_backward_ops.h>
+#include <ATen/ops/_scaled_dot_product_cudnn_attention_ops.h>
+#include <ATen/ops/_scaled_dot_product_efficient_attention_backward_ops.h>
+#include <ATen/ops/_scaled_dot_product_efficient_attention_ops.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward_ops.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_ops.h>
 #include <ATen/ops/_softmax_backward_data_ops.h>
 #include <ATen/ops/_softmax_ops.h>
 #include <ATen/ops/add_ops.h>
@@ -225,6 +232,8 @@ class TORCH_FALLBACK_API DirectCall {
 
   // The kernel's results as backend tensors; an in-place op's are its backend arguments.
   at::Tensor finish(const at::Tensor& result);
+  // The kernel gave no tensor to adopt: it wrote its arguments, or returned a number.
+  void finish();
   template <typename... Tensors>
   std::tuple<Tensors...> finish(const std::tuple<Tensors...>& results) {
     synchronize_if_asked();
@@ -235,13 +244,16 @@ class TORCH_FALLBACK_API DirectCall {
     return on_backend;
   }
   std::vector<at::Tensor> finish(const std::vector<at::Tensor>& results);
-  void finish_in_place();
 
   // Says which op and target raised `error`.
   void add_context(c10::Error& error) const;
 
  private:
   at::Tensor to_backend(const at::Tensor& result);
+  template <typename T>
+  const T& to_backend(const T& not_a_tensor) {  // the sizes attention kernels return
+    return not_a_tensor;
+  }
   void synchronize_if_asked() const;
   at::Tensor view_of(const at::Tensor& tensor);
 
@@ -288,12 +300,16 @@ struct DirectKernel<Adapter, Op, Result(Args...)> {
         };
         if constexpr (std::is_void_v<Result>) {  // an in-place _foreach_ op
           run();
-          direct.finish_in_place();
+          direct.finish();
           return;
         } else if constexpr (std::is_same_v<Result, at::Tensor&>) {
           run();  // an in-place op: it wrote self through its view
-          direct.finish_in_place();
+          direct.finish();
           return self(args...);
+        } else if constexpr (std::is_arithmetic_v<Result>) {  // _fused_sdp_choice's choice
+          const Result value = run();
+          direct.finish();
+          return value;
         } else {
           return direct.finish(run());
         }
@@ -376,7 +392,14 @@ void register_kernels(torch::Library& aten) {
       ops::zero_, ops::fill__Scalar, ops::_foreach_add__Scalar, ops::_foreach_add__List,
       ops::_foreach_mul__Scalar, ops::_foreach_mul__List, ops::_foreach_div__ScalarList,
       ops::_foreach_addcmul__Scalar, ops::_foreach_addcdiv__ScalarList,
-      ops::_foreach_lerp__Scalar, ops::_foreach_zero_, ops::_foreach_sqrt>(aten);
+      ops::_foreach_lerp__Scalar, ops::_foreach_zero_, ops::_foreach_sqrt,
+      // the fused attention kernels scaled_dot_product_attention chooses on each target
+      ops::_fused_sdp_choice, ops::_scaled_dot_product_cudnn_attention,
+      ops::_scaled_dot_product_cudnn_attention_backward,
+      ops::_scaled_dot_product_efficient_attention,
+      ops::_scaled_dot_product_efficient_attention_backward,
+      ops::_scaled_dot_product_flash_attention_for_cpu,
+      ops::_scaled_dot_product_flash_attention_for_cpu_backward>(aten);
   for (const char* name : {"native_batch_norm", "native_batch_norm_backward"}) {
     if (detail::has_kernel(name, Adapter().device_type)) continue;
     aten.impl(name,
