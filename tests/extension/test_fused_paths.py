@@ -130,7 +130,8 @@ def test_attention_runs_the_targets_fused_kernel(placement, causal):
     }
     assert "aten::_fused_sdp_choice" in attention and len(attention) >= 3, attention
     boxed = {name: m.calls - m.calls_unboxed for name, m in attention.items()}
-    assert not any(boxed.values()) == served_unboxed(placement), boxed
+    all_unboxed = not any(boxed.values())
+    assert all_unboxed == served_unboxed(placement), boxed
     # The math path, on relay (as before) and in eager on the CPU, is the reference.
     with sdpa_kernel(SDPBackend.MATH):
         torch_fallback.reset_metrics()
