@@ -191,6 +191,7 @@ def test_results_are_relay_tensors_like_any_other(placement):
     fresh = torch.empty(1, device="relay")
     results = [torch.relu(x), x.t() * 2, torch.mm(x, w.t()), torch.cumsum(x, 0)]  # last: boxed
     results += list(torch.ops.aten.native_layer_norm(x, [3], None, None, 1e-5))
+    results += [torch.argmax(x, 1), x.to(torch.float64)]  # an int64 result (boxed); a copy
     for result in results:
         assert_a_relay_tensor_like_any_other(result, fresh)
     version = results[0]._version

@@ -226,6 +226,12 @@ namespace {
 
 using detail::TargetImplPool;
 
+// tensor_over's tensor, set up from `pool`'s TensorImpls where there is a pool.
+at::Tensor pooled_tensor_over(TargetImplPool* pool, const c10::Storage& storage,
+                              c10::Device device, const at::Tensor& like) {
+  return pool != nullptr ? pool->take(storage, device, like) : tensor_over(storage, device, like);
+}
+
 // One run of one op through the fallback.
 class FallbackCall {
  public:
@@ -562,9 +568,7 @@ class FallbackCall {
     const c10::Storage& home = home_storage(tensor.storage());
     const c10::Device device = home.device();
     if (device == target_) {
-      at::Tensor view =
-          pool_ != nullptr ? pool_->take(home, device, tensor) : tensor_over(home, device, tensor);
-      return targets_.insert(key, std::move(view));
+      return targets_.insert(key, pooled_tensor_over(pool_, home, device, tensor));
     }
     return targets_.insert(key, copy_to_target(tensor, device));
   }
@@ -807,7 +811,7 @@ class FallbackCall {
 }  // namespace
 
 at::Tensor tensor_over(const c10::Storage& storage, c10::Device device, const at::Tensor& like) {
-  const auto key = device.is_cuda() ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU;
+  const auto key = c10::computeDispatchKey(std::nullopt, c10::kStrided, device);
   auto tensor = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage),
                                                          c10::DispatchKeySet(key), like.dtype());
   take_geometry(tensor.unsafeGetTensorImpl(), like);
@@ -839,11 +843,7 @@ at::Tensor backend_tensor_over(c10::Storage storage, const at::Tensor& home_tens
     impl->_change_backend_component_keys(device);
     return home_tensor;
   }
-  const auto key = c10::computeDispatchKey(std::nullopt, c10::kStrided, device);
-  auto tensor = at::detail::make_tensor<c10::TensorImpl>(
-      std::move(storage), c10::DispatchKeySet(key), home_tensor.dtype());
-  take_geometry(tensor.unsafeGetTensorImpl(), home_tensor);
-  return tensor;
+  return tensor_over(storage, device, home_tensor);
 }
 
 at::Tensor home_view(const BackendAdapter& backend, const at::Tensor& tensor) {
@@ -858,9 +858,8 @@ void copy_between(const BackendAdapter& backend, const at::Tensor& src, const at
   const auto on_home = [&](const at::Tensor& tensor) {
     if (tensor.device().type() != backend.device_type) return tensor;
     const c10::Storage& storage = tensor.storage();
-    const c10::Device home = backend.home_device(storage);
-    return pool != nullptr ? pool->take(backend.home_storage(storage), home, tensor)
-                           : tensor_over(backend.home_storage(storage), home, tensor);
+    return pooled_tensor_over(pool, backend.home_storage(storage), backend.home_device(storage),
+                              tensor);
   };
   if (src.device().type() == backend.device_type && dst.device().type() == backend.device_type &&
       src.storage().is_alias_of(dst.storage())) {
@@ -974,8 +973,7 @@ at::Tensor DirectCall::view_of(const at::Tensor& tensor) {
     homes_.emplace_back(backend_storage, backend_.home_storage(tensor.storage()));
     home = &homes_.back().second;
   }
-  return pool_ != nullptr ? pool_->take(*home, target_, tensor)
-                          : tensor_over(*home, target_, tensor);
+  return pooled_tensor_over(pool_, *home, target_, tensor);
 }
 
 const at::Tensor& DirectCall::on_target(const at::Tensor& tensor) {
