@@ -28,7 +28,7 @@ from .job import Job, pytest_command
 from .matrix import Cell, CellError, LoadedMatrix, MatrixError, pick_cells
 from .report import JUNIT_FILE, LOG_FILE, RESULT_FILE, Reporter, run_process
 from .runners import Runner
-from .wheelhouse import WheelhouseRequest, ensure_wheelhouse
+from .wheelhouse import ensure_wheelhouse
 from .workflows import REGENERATE_COMMAND, check_workflows, plan_workflows
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -101,8 +101,7 @@ def run_cell(
         log.say(f"torch=={cell.torch} ({cell.variant}), Python {cell.python}, {tests}, {index}")
         try:
             cache = cache_root(matrix.root)
-            request = WheelhouseRequest.for_cell(cell, matrix.root / "pyproject.toml")
-            wheelhouse = ensure_wheelhouse(request, cell.index.url, cache, log, cell.variant)
+            wheelhouse = ensure_wheelhouse(cell, matrix.root / "pyproject.toml", cache, log)
             job = make_job(matrix, cell, cache, out, wheelhouse=str(wheelhouse), **options)
             exit_code, where = runner.run(job, log)
             if exit_code != 0:

@@ -15,7 +15,6 @@ import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -53,47 +52,26 @@ def probe_index(url: str, timeout: float = 3.0) -> str | None:
 
 
 def dependency_groups(pyproject: Path) -> str:
-    """pyproject's [dependency-groups] as canonical JSON (a wheelhouse's key), checked to
-    hold the groups a cell installs."""
+    """pyproject's [dependency-groups] as canonical JSON, a part of a wheelhouse's key (pip
+    says so when a group a cell installs is missing)."""
     try:
         groups = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("dependency-groups")
     except (OSError, tomllib.TOMLDecodeError) as error:
         raise CellError(f"{pyproject} cannot be read: {error}") from None
-    if not isinstance(groups, dict) or not all(isinstance(groups.get(g), list) for g in GROUPS):
-        raise CellError(
-            f"{pyproject}: [dependency-groups] lacks {' or '.join(GROUPS)}; a cell installs "
-            'them besides torch, e.g. test = ["pytest>=8"]'
-        )
     return json.dumps(groups, sort_keys=True)
 
 
-@dataclass(frozen=True)
-class WheelhouseRequest:
-    """What one cell installs: the key of its wheelhouse."""
+def wheelhouse_key(cell: Cell, groups: str) -> str:
+    """A hash of what the wheelhouse of ``cell`` holds (``groups``: dependency_groups)."""
+    content = {"python": cell.python, "torch": cell.torch_requirement, "groups": groups}
+    content_json = json.dumps(content | {"platforms": sorted(PLATFORMS)}, sort_keys=True)
+    return hashlib.sha256(content_json.encode()).hexdigest()[:12]
 
-    cell: str
-    python: str
-    torch_requirement: str
-    groups: str  # the [dependency-groups] table (dependency_groups)
-    pyproject: Path = field(default=Path("pyproject.toml"), compare=False)
 
-    @classmethod
-    def for_cell(cls, cell: Cell, pyproject: Path) -> "WheelhouseRequest":
-        groups = dependency_groups(pyproject)
-        return cls(cell.name, cell.python, cell.torch_requirement, groups, pyproject)
-
-    def key(self) -> str:
-        content = {"python": self.python, "torch": self.torch_requirement, "groups": self.groups}
-        content_json = json.dumps(content | {"platforms": sorted(PLATFORMS)}, sort_keys=True)
-        return hashlib.sha256(content_json.encode()).hexdigest()[:12]
-
-    def dirname(self) -> str:
-        """torch-2.14.1-py3.11-<key>: what it holds, so equal requests share it."""
-        version = self.torch_requirement.removeprefix("torch==").replace("+", "-")
-        return f"torch-{version}-py{self.python}-{self.key()}"
-
-    def path(self, cache_root: Path) -> Path:
-        return cache_root / "wheelhouse" / self.dirname()
+def wheelhouse_name(cell: Cell, groups: str) -> str:
+    """torch-2.14.1-py3.11-<key>: what it holds, so cells that install the same share it."""
+    version = cell.torch.replace("+", "-")
+    return f"torch-{version}-py{cell.python}-{wheelhouse_key(cell, groups)}"
 
 
 def pip_cert(environ: Mapping[str, str]) -> str | None:
@@ -138,20 +116,19 @@ def download_python(version: str, cache_root: Path, log: Reporter) -> str:
     return str(python)
 
 
-def ensure_wheelhouse(
-    request: WheelhouseRequest, index_url: str, cache: Path, log: Reporter, variant: str = "cpu"
-) -> Path:
-    """The complete wheelhouse of ``request``, filled now unless an earlier fill completed."""
-    final = request.path(cache)
+def ensure_wheelhouse(cell: Cell, pyproject: Path, cache: Path, log: Reporter) -> Path:
+    """The complete wheelhouse of ``cell``, filled now unless an earlier fill completed."""
+    groups = dependency_groups(pyproject)
+    final = cache / "wheelhouse" / wheelhouse_name(cell, groups)
     if (final / MANIFEST_NAME).is_file():
         log.say(f"wheelhouse: reusing {final} ({len(list(final.glob('*.whl')))} wheels)")
         return final
-    cell, torch = request.cell, request.torch_requirement
-    python = download_python(request.python, cache, log)
+    torch, index_url = cell.torch_requirement, cell.index.url
+    python = download_python(cell.python, cache, log)
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent))
     pip = [python, "-m", "pip", "download", "--progress-bar", "off", "--only-binary=:all:"]
-    pip += ["--python-version", request.python, "--implementation", "cp", "--dest", str(staging)]
+    pip += ["--python-version", cell.python, "--implementation", "cp", "--dest", str(staging)]
     pip += [option for platform in PLATFORMS for option in ("--platform", platform)]
     try:
         if (unreachable := probe_index(index_url)) is None:
@@ -164,18 +141,16 @@ def ensure_wheelhouse(
             status = run_process([*pip, torch], log.line)
         if status != 0:
             raise CellError(
-                f"cell {cell}: pip download of {torch} failed (exit {status}); see above. "
+                f"cell {cell.name}: pip download of {torch} failed (exit {status}); see above. "
                 "Check the index, or set it with --index-url VARIANT=URL"
             )
-        log.say(f"wheelhouse: got {downloaded_torch(request, staging, variant)}")
-        groups = [f"--group={request.pyproject}:{name}" for name in GROUPS]
-        if (status := run_process([*pip, PIP_WITH_GROUPS, *groups], log.line)) != 0:
-            raise CellError(f"cell {cell}: pip download of the groups failed ({status})")
-        manifest = asdict(request) | {
-            "pyproject": str(request.pyproject),
-            "torch_index": "pip configuration" if unreachable else index_url,
-            "wheels": sorted(path.name for path in staging.glob("*.whl")),
-        }
+        log.say(f"wheelhouse: got {downloaded_torch(cell, staging)}")
+        group_options = [f"--group={pyproject}:{name}" for name in GROUPS]
+        if (status := run_process([*pip, PIP_WITH_GROUPS, *group_options], log.line)) != 0:
+            raise CellError(f"cell {cell.name}: pip download of the groups failed; see above")
+        manifest = {"python": cell.python, "torch": torch, "groups": json.loads(groups)}
+        manifest |= {"torch_index": "pip configuration" if unreachable else index_url}
+        manifest["wheels"] = sorted(path.name for path in staging.glob("*.whl"))
         (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
         staging.chmod(0o755)  # mkdtemp makes it 0700; the container user must read it
         if (final / MANIFEST_NAME).is_file():
@@ -189,24 +164,22 @@ def ensure_wheelhouse(
     return final
 
 
-def downloaded_torch(request: WheelhouseRequest, staging: Path, variant: str) -> str:
+def downloaded_torch(cell: Cell, staging: Path) -> str:
     """The one torch wheel pip downloaded, checked to be the release and variant pinned."""
-    cell, requirement = request.cell, request.torch_requirement
-    found = sorted(staging.glob("torch-*.whl"))
+    found = sorted(path.name for path in staging.glob("torch-*.whl"))
     if len(found) != 1:
-        names = ", ".join(p.name for p in found) or "none"
-        raise CellError(f"cell {cell}: expected one torch wheel for {requirement}: {names}")
-    wanted, got = requirement.removeprefix("torch=="), parse_wheel_filename(found[0].name)[1]
-    if not torch_matches(wanted, str(got)):
+        raise CellError(f"cell {cell.name}: pip downloaded {found}, not one torch wheel")
+    got = parse_wheel_filename(found[0])[1]
+    if not torch_matches(cell.torch, str(got)):
         raise CellError(
-            f"cell {cell}: pip downloaded {found[0].name} for {requirement}: wanted version "
-            f"{wanted}, got {got}. Check the index it used (above) and pip's configuration "
+            f"cell {cell.name}: pip downloaded {found[0]} for torch=={cell.torch}: wanted version "
+            f"{cell.torch}, got {got}. Check the index it used (above) and pip's configuration "
             "(pip config list)"
         )
-    if variant == "cuda" and (got.local or "").startswith("cpu"):
+    if cell.variant == "cuda" and (got.local or "").startswith("cpu"):
         raise CellError(
-            f"cell {cell}: pip downloaded {found[0].name}, a CPU-only build, for a CUDA cell: a "
+            f"cell {cell.name}: pip downloaded {found[0]}, a CPU-only build, for a CUDA cell: a "
             "find-links folder or index of this machine offers it first. Point the cuda "
             "variant at an index with CUDA builds (--index-url cuda=URL)"
         )
-    return found[0].name
+    return found[0]

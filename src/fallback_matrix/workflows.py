@@ -15,7 +15,7 @@ import yaml
 from packaging.version import Version
 
 from .matrix import Cell, LoadedMatrix, MatrixError, expand_cells
-from .wheelhouse import WheelhouseRequest, dependency_groups
+from .wheelhouse import dependency_groups, wheelhouse_key, wheelhouse_name
 
 DATA: dict[str, Any] = yaml.safe_load(
     Path(__file__).with_name("workflows.yaml").read_text(encoding="utf-8")
@@ -94,14 +94,13 @@ def workflow_job(
 
 
 def values_of(cell: Cell, groups: str) -> dict[str, Any]:
-    request = WheelhouseRequest(cell.name, cell.python, cell.torch_requirement, groups)
     return {
         "cell": cell.name,
         "torch": cell.torch,
         "python": cell.python,
         "labels": list(cell.runner_labels),
-        "wheelhouse": request.dirname(),
-        "key": request.key(),
+        "wheelhouse": wheelhouse_name(cell, groups),
+        "key": wheelhouse_key(cell, groups),
     }
 
 

@@ -30,7 +30,7 @@ from fallback_matrix.runners import (
     plan_image,
     run_container,
 )
-from fallback_matrix.wheelhouse import MANIFEST_NAME, WheelhouseRequest
+from fallback_matrix.wheelhouse import MANIFEST_NAME, dependency_groups, wheelhouse_name
 
 pytestmark = pytest.mark.docker
 
@@ -71,8 +71,8 @@ class CommandRunner:
 
 
 def fake_complete_wheelhouse(cache: Path, cell: Cell, repo: Path) -> None:
-    request = WheelhouseRequest.for_cell(cell, repo / "pyproject.toml")
-    path = request.path(cache)
+    groups = dependency_groups(repo / "pyproject.toml")
+    path = cache / "wheelhouse" / wheelhouse_name(cell, groups)
     path.mkdir(parents=True)
     path.chmod(0o755)
     (path / MANIFEST_NAME).write_text(json.dumps({"test": True}))

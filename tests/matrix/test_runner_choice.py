@@ -126,13 +126,13 @@ def test_run_cell_gives_the_job_its_wheelhouse_and_records_the_result(
 
     from fallback_matrix.cli import run_cell
     from fallback_matrix.matrix import expand_cells, load_matrix, pick_cells
-    from fallback_matrix.wheelhouse import MANIFEST_NAME, WheelhouseRequest
+    from fallback_matrix.wheelhouse import MANIFEST_NAME, dependency_groups, wheelhouse_name
 
     monkeypatch.setenv("FALLBACK_MATRIX_CACHE", str(tmp_path / "cache"))
     matrix = load_matrix(repo_root / "matrix.yaml")
     (cell,) = pick_cells(expand_cells(matrix.spec), ["cpu"])
-    request = WheelhouseRequest.for_cell(cell, repo_root / "pyproject.toml")
-    wheelhouse = request.path(tmp_path / "cache")
+    groups = dependency_groups(repo_root / "pyproject.toml")
+    wheelhouse = tmp_path / "cache" / "wheelhouse" / wheelhouse_name(cell, groups)
     wheelhouse.mkdir(parents=True)
     (wheelhouse / MANIFEST_NAME).write_text("{}")  # complete: nothing to download
     runner = FakeRunner(status)

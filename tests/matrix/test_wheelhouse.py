@@ -10,19 +10,43 @@ from typing import Any
 
 import pytest
 
-from fallback_matrix import wheelhouse
-from fallback_matrix.matrix import CellError
+from fallback_matrix import matrix, wheelhouse
+from fallback_matrix.matrix import Cell, CellError, ImageSpec, IndexUrl
 from fallback_matrix.wheelhouse import (
     MANIFEST_NAME,
-    WheelhouseRequest,
+    dependency_groups,
     ensure_wheelhouse,
+    wheelhouse_key,
+    wheelhouse_name,
 )
 
 GROUPS = '{"build": ["setuptools>=69"], "test": ["pytest>=8"]}'
-REQUEST = WheelhouseRequest(
-    "cpu", "3.11", "torch==2.13.0+cpu", GROUPS, Path("/repo/pyproject.toml")
-)
 INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def make_cell(name: str, torch: str, variant: str = "cpu", python: str = "3.11") -> Cell:
+    return Cell(
+        name=name,
+        variant=variant,
+        torch=torch,
+        cuda="13" if variant == "cuda" else None,
+        python=python,
+        index=IndexUrl(INDEX, "matrix.yaml"),
+        image=ImageSpec(dockerfile="docker/Dockerfile", base="python:3.11-slim-bookworm"),
+        tests=matrix.TestSelection(paths=["tests/extension"], markers="not requires_cuda"),
+        runner_labels=("ubuntu-24.04",),
+        selections=("pr", "main"),
+    )
+
+
+CPU = make_cell("cpu", "2.13.0+cpu")
+
+
+def write_pyproject(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    groups = '[dependency-groups]\nbuild = ["setuptools>=69"]\ntest = ["pytest>=8"]\n'
+    (directory / "pyproject.toml").write_text(groups)
+    return directory / "pyproject.toml"
 
 
 class FakePip:
@@ -76,58 +100,59 @@ def unreachable(url: str) -> str | None:
 def fill(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cell_log: Any) -> Any:
     """Fill a wheelhouse under tmp_path with a fake pip (and index probe) in place of the real."""
 
-    def fill(
-        pip: FakePip, probe: Any = unreachable, request: Any = REQUEST, variant: str = "cpu"
-    ) -> Path:
+    def fill(pip: FakePip, probe: Any = unreachable, cell: Cell = CPU) -> Path:
         monkeypatch.setattr(wheelhouse, "run_process", pip)
         monkeypatch.setattr(wheelhouse, "probe_index", probe)
         monkeypatch.setattr(wheelhouse, "download_python", lambda *args: "python3")
-        return ensure_wheelhouse(request, INDEX, tmp_path / "cache", cell_log, variant)
+        pyproject = write_pyproject(tmp_path / "repo")
+        return ensure_wheelhouse(cell, pyproject, tmp_path / "cache", cell_log)
 
     return fill
 
 
-def test_key_is_stable_and_ignores_where_the_project_lies() -> None:
-    elsewhere = WheelhouseRequest("cpu", "3.11", "torch==2.13.0+cpu", GROUPS, Path("x.toml"))
-    assert REQUEST.key() == elsewhere.key()
-    assert REQUEST.dirname() == f"torch-2.13.0-cpu-py3.11-{REQUEST.key()}"
+def test_key_is_stable_and_ignores_where_the_project_lies(tmp_path: Path) -> None:
+    here, elsewhere = write_pyproject(tmp_path / "a"), write_pyproject(tmp_path / "b" / "c")
+    assert dependency_groups(here) == dependency_groups(elsewhere) == GROUPS
+    assert wheelhouse_key(CPU, GROUPS) == wheelhouse_key(CPU.model_copy(), GROUPS)
+    assert wheelhouse_name(CPU, GROUPS) == f"torch-2.13.0-cpu-py3.11-{wheelhouse_key(CPU, GROUPS)}"
 
 
 def test_cells_that_install_the_same_share_one_wheelhouse() -> None:
     """A build cell and the GPU cell testing its wheel: one directory, one CI cache entry."""
-    build = WheelhouseRequest("cuda", "3.11", "torch==2.14.1", '{"test": ["pytest>=8"]}')
-    gpu = WheelhouseRequest("cuda-gpu", "3.11", "torch==2.14.1", '{"test": ["pytest>=8"]}')
-    assert build.dirname() == gpu.dirname()
-    other = WheelhouseRequest("cuda", "3.11", "torch==2.13.0", '{"test": ["pytest>=8"]}')
-    assert other.dirname() != build.dirname()
+    build = make_cell("cuda", "2.14.1", "cuda")
+    gpu = make_cell("cuda-gpu", "2.14.1", "cuda").model_copy(update={"gpu": True})
+    assert wheelhouse_name(build, GROUPS) == wheelhouse_name(gpu, GROUPS)
+    other = make_cell("cuda", "2.13.0", "cuda")
+    assert wheelhouse_name(other, GROUPS) != wheelhouse_name(build, GROUPS)
 
 
 @pytest.mark.parametrize(
-    "changed",
+    ("changed", "groups"),
     [
-        WheelhouseRequest("cpu", "3.12", "torch==2.13.0+cpu", GROUPS),
-        WheelhouseRequest("cpu", "3.11", "torch==2.13.1+cpu", GROUPS),
-        WheelhouseRequest("cpu", "3.11", "torch==2.13.0+cpu", GROUPS.replace(">=8", ">=9")),
+        (make_cell("cpu", "2.13.0+cpu", python="3.12"), GROUPS),
+        (make_cell("cpu", "2.13.1+cpu"), GROUPS),
+        (CPU, GROUPS.replace(">=8", ">=9")),
     ],
 )
-def test_key_changes_with_what_is_installed(changed: WheelhouseRequest) -> None:
-    assert changed.key() != REQUEST.key()
+def test_key_changes_with_what_is_installed(changed: Cell, groups: str) -> None:
+    assert wheelhouse_key(changed, groups) != wheelhouse_key(CPU, GROUPS)
 
 
 def test_fill_downloads_for_the_cell_platform_and_completes(tmp_path: Path, fill: Any) -> None:
     pip = FakePip()
     path = fill(pip)
-    assert path == REQUEST.path(tmp_path / "cache")
+    assert path == tmp_path / "cache" / "wheelhouse" / wheelhouse_name(CPU, GROUPS)
     assert (path / MANIFEST_NAME).is_file()
     assert (path / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").is_file()
     assert path.stat().st_mode & 0o777 == 0o755  # readable by the container's user
     torch_call, groups_call = pip.calls
     assert torch_call[-1] == "torch==2.13.0+cpu"
     # pip resolves the dependency groups itself (and the pip that installs them in a cell)
+    pyproject = tmp_path / "repo" / "pyproject.toml"
     assert groups_call[-3:] == [
         "pip>=25.1",
-        "--group=/repo/pyproject.toml:build",
-        "--group=/repo/pyproject.toml:test",
+        f"--group={pyproject}:build",
+        f"--group={pyproject}:test",
     ]
     for call in pip.calls:
         assert "--only-binary=:all:" in call
@@ -164,10 +189,9 @@ def test_reachable_index_is_used_for_torch_only(fill: Any, monkeypatch: pytest.M
 
 
 def test_a_cpu_only_torch_for_a_cuda_cell_is_refused(tmp_path: Path, fill: Any) -> None:
-    request = WheelhouseRequest("cuda-213", "3.11", "torch==2.13.0", '{"test": ["pytest>=8"]}')
     pip = FakePip(torch_wheel="torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
     with pytest.raises(CellError, match=r"CPU-only build, for a CUDA cell"):
-        fill(pip, request=request, variant="cuda")
+        fill(pip, cell=make_cell("cuda-213", "2.13.0", "cuda"))
     assert list((tmp_path / "cache" / "wheelhouse").iterdir()) == []
 
 
@@ -196,7 +220,7 @@ def test_an_interrupted_fill_leaves_nothing_and_is_redone(tmp_path: Path, fill: 
 
 
 def test_a_directory_without_manifest_is_not_trusted(tmp_path: Path, fill: Any) -> None:
-    stale = REQUEST.path(tmp_path / "cache")
+    stale = tmp_path / "cache" / "wheelhouse" / wheelhouse_name(CPU, GROUPS)
     stale.mkdir(parents=True)
     (stale / "junk.whl").write_bytes(b"")
     pip = FakePip()
@@ -212,9 +236,8 @@ def test_a_torch_of_another_version_is_refused(fill: Any) -> None:
 
 
 def test_a_pin_without_local_version_accepts_the_build_pip_chose(fill: Any) -> None:
-    request = WheelhouseRequest("cuda", "3.11", "torch==2.14.1", '{"test": ["pytest>=8"]}')
     pip = FakePip(torch_wheel="torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl")
-    path = fill(pip, request=request)
+    path = fill(pip, cell=make_cell("cuda", "2.14.1", "cuda"))
     assert path.name.startswith("torch-2.14.1-py3.11-")
 
 
