@@ -19,7 +19,7 @@ import tarfile
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import Any, Literal, NamedTuple
 
 from docker.types import DeviceRequest, Mount
 
@@ -43,13 +43,6 @@ JOB_FILE = PurePosixPath("/tmp/fallback-matrix-job.json")
 # nox logs at debug level; the SDK's HTTP chatter would drown the cell's own log.
 for _chatty in ("urllib3", "docker"):
     logging.getLogger(_chatty).setLevel(logging.WARNING)
-
-
-class Runner(Protocol):
-    name: str
-
-    def run(self, job: Job, log: Reporter) -> tuple[int, str]:
-        """Run ``job`` (host paths) to its end: its exit status, and where it ran."""
 
 
 class EngineStatus(NamedTuple):
@@ -79,18 +72,6 @@ def engine_status() -> EngineStatus:
     version = client.version().get("Version")
     client.close()
     return EngineStatus(True, f"Docker engine {version} answers")
-
-
-def choose_runner(choice: RunnerChoice) -> tuple[Runner, str]:
-    """The runner ``choice`` means here, and why; "docker" raises when no daemon answers."""
-    if choice == "local":
-        return LocalRunner(), "asked for --runner local"
-    if choice == "docker":
-        return DockerRunner(connect_docker()), "asked for --runner docker"
-    engine = engine_status()
-    if engine.available:
-        return DockerRunner(), f"auto: {engine.detail}"
-    return LocalRunner(), "auto: no Docker daemon answers"
 
 
 def find_python(version: str, purpose: str = "for the local runner; or use --runner docker") -> str:
@@ -130,13 +111,9 @@ class LocalRunner:
         return status, f"local Python {python}"
 
 
-class ImagePlan(NamedTuple):
-    tag: str
-    build: dict[str, Any]  # the arguments of client.api.build
-
-
-def plan_image(repo: Path, job: Job) -> ImagePlan:
-    """The image a cell runs in: the Dockerfile's directory is the build context."""
+def plan_image(repo: Path, job: Job) -> dict[str, Any]:
+    """The image a cell runs in, as the arguments of ``client.api.build`` (its tag hashes them):
+    the Dockerfile's directory is the build context."""
     dockerfile = repo / job.dockerfile
     if not dockerfile.is_file():
         raise CellError(f"cell {job.cell}: Dockerfile {dockerfile} not found (matrix.yaml image)")
@@ -146,32 +123,32 @@ def plan_image(repo: Path, job: Job) -> ImagePlan:
         digest.update(path.relative_to(context).as_posix().encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
     digest.update(json.dumps(build_args, sort_keys=True).encode())
-    tag = f"torch-fallback-build:{digest.hexdigest()[:12]}"
-    build: dict[str, Any] = {"path": str(context), "dockerfile": dockerfile.name, "tag": tag}
-    build |= {"buildargs": build_args, "labels": {LABEL: "image"}, "rm": True, "forcerm": True}
-    return ImagePlan(tag, build)
+    labels, tag = {LABEL: "image"}, f"torch-fallback-build:{digest.hexdigest()[:12]}"
+    build = {"path": str(context), "dockerfile": dockerfile.name, "buildargs": build_args}
+    return build | {"tag": tag, "labels": labels, "rm": True, "forcerm": True}
 
 
-def ensure_image(client: DockerClient, plan: ImagePlan, log: Reporter) -> str:
+def ensure_image(client: DockerClient, build: Mapping[str, Any], log: Reporter) -> str:
     """The image's tag, built now only when no image has this tag yet."""
+    tag: str = build["tag"]
     try:
-        client.images.get(plan.tag)
-        log.say(f"image {plan.tag}: reusing it (Dockerfile and build args unchanged)")
-        return plan.tag
+        client.images.get(tag)
+        log.say(f"image {tag}: reusing it (Dockerfile and build args unchanged)")
+        return tag
     except docker.errors.ImageNotFound:
-        dockerfile = Path(plan.build["path"]) / plan.build["dockerfile"]
-        log.say(f"image {plan.tag}: building {dockerfile} with {plan.build['buildargs']}")
-    failed = f"cell {log.cell}: building image {plan.tag} failed"
+        dockerfile = Path(build["path"]) / build["dockerfile"]
+        log.say(f"image {tag}: building {dockerfile} with {build['buildargs']}")
+    failed = f"cell {log.cell}: building image {tag} failed"
     try:
-        for chunk in client.api.build(**plan.build, decode=True):
+        for chunk in client.api.build(**build, decode=True):
             for line in str(chunk.get("stream", "")).splitlines():
                 log.line(line)
             if "error" in chunk:
                 raise CellError(f"{failed}: {str(chunk['error']).strip()}; log: {log.path}")
     except docker.errors.APIError as error:
         raise CellError(f"{failed}: {error}; log: {log.path}") from None
-    log.say(f"image {plan.tag}: built")
-    return plan.tag
+    log.say(f"image {tag}: built")
+    return tag
 
 
 def container_user(
@@ -304,3 +281,19 @@ class DockerRunner:
         inside, create = plan_container(job, image, volume=self.volume, user=user)
         status = run_container(client, inside, create, log, Path(job.artifacts))
         return status, f"container {create['name']}, image {image}"
+
+
+# Where a job runs: ``run`` runs it (host paths) to its end, for its exit status and where it ran.
+Runner = LocalRunner | DockerRunner
+
+
+def choose_runner(choice: RunnerChoice) -> tuple[Runner, str]:
+    """The runner ``choice`` means here, and why; "docker" raises when no daemon answers."""
+    if choice == "local":
+        return LocalRunner(), "asked for --runner local"
+    if choice == "docker":
+        return DockerRunner(connect_docker()), "asked for --runner docker"
+    engine = engine_status()
+    if engine.available:
+        return DockerRunner(), f"auto: {engine.detail}"
+    return LocalRunner(), "auto: no Docker daemon answers"

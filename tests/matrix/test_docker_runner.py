@@ -28,7 +28,6 @@ from fallback_matrix.runners import (
     CELL_LABEL,
     LABEL,
     DockerRunner,
-    ImagePlan,
     container_user,
     ensure_image,
     extract_archive,
@@ -128,15 +127,15 @@ def test_gpus_only_when_asked_or_needed(work: Job) -> None:
     assert requests(dataclasses.replace(work, gpu=True))  # a gpu cell
 
 
-def image_plan(build_args: dict[str, str]) -> ImagePlan:
+def image_plan(build_args: dict[str, str]) -> dict[str, Any]:
     tag = "torch-fallback-build:abc"
-    return ImagePlan(tag, {"path": "/ctx", "dockerfile": "Dockerfile", "buildargs": build_args})
+    return {"tag": tag, "path": "/ctx", "dockerfile": "Dockerfile", "buildargs": build_args}
 
 
 def test_an_existing_image_is_reused(cell_log: Any) -> None:
     client = MagicMock()
     plan = image_plan({"BASE_IMAGE": "b"})
-    assert ensure_image(client, plan, cell_log) == plan.tag
+    assert ensure_image(client, plan, cell_log) == plan["tag"]
     client.api.build.assert_not_called()
 
 

@@ -50,7 +50,7 @@ def context(tmp_path: Path) -> Path:
 
 def image_tag(context: Path, base: str = BASE) -> str:
     job = Job(**{**JOB_FIELDS, "repo": str(context.parent), "base_image": base})
-    return plan_image(context.parent, job).tag
+    return str(plan_image(context.parent, job)["tag"])
 
 
 def test_unchanged_inputs_give_the_same_tag(context: Path) -> None:
@@ -83,10 +83,10 @@ def test_plan_uses_the_cell_base_as_build_arg(repo_root: Path, matrix_data: dict
     matrix_data["cells"][0]["image"] = {"base": "debian:bookworm-slim"}
     cpu, cuda, _ = jobs_of(matrix_data, repo_root)
     plan_cpu, plan_cuda = plan_image(repo_root, cpu), plan_image(repo_root, cuda)
-    assert plan_cpu.build["buildargs"] == {"BASE_IMAGE": "debian:bookworm-slim"}
-    assert plan_cpu.build["path"] == str(repo_root / "docker")
-    assert plan_cpu.build["tag"] == plan_cpu.tag != plan_cuda.tag
-    assert plan_cpu.build["labels"] == {LABEL: "image"}  # `clean --caches` finds it
+    assert plan_cpu["buildargs"] == {"BASE_IMAGE": "debian:bookworm-slim"}
+    assert plan_cpu["path"] == str(repo_root / "docker")
+    assert plan_cpu["tag"] != plan_cuda["tag"]
+    assert plan_cpu["labels"] == {LABEL: "image"}  # `clean --caches` finds it
 
 
 def test_plan_names_a_missing_dockerfile(tmp_path: Path, matrix_data: dict[str, Any]) -> None:
