@@ -316,7 +316,7 @@ def cmd_publish_local(c: Context) -> int:
     wheels = sorted({w.name: w for w in c.artifacts.glob("*/torch_fallback-*.whl")}.values())
     if not wheels:
         raise MatrixError(f"no wheels under {c.artifacts}; build cells first (nox -s build-cpu)")
-    version = find_wheel(c.artifacts / c.args.cell).name.split("-")[1]
+    version = parse_wheel_filename(find_wheel(c.artifacts / c.args.cell).name)[1]
     cell = c.cell(c.args.cell, f"{c.args.cell}-from-index")
     packages = cache_root(c.matrix.root) / "local-index"
     shutil.rmtree(packages, ignore_errors=True)
@@ -328,10 +328,7 @@ def cmd_publish_local(c: Context) -> int:
         twine = [f"{c.args.tools}/twine", "upload", "--non-interactive", "-u", "ci", "-p", "ci"]
         if run_process([*twine, "--repository-url", f"{url}/", *map(str, wheels)], log.line):
             raise MatrixError(f"twine upload to {url} failed; see above")
-        with urllib.request.urlopen(f"{url}/simple/torch-fallback/", timeout=5) as listing:
-            links = [line for line in listing.read().decode().splitlines() if "<a " in line]
-        served = sorted(link.split(">")[1].split("<")[0] for link in links)
-        log.say(f"local index now serves: {', '.join(served)}")
+        log.say(f"local index now serves: {', '.join(sorted(p.name for p in packages.iterdir()))}")
         requirement = f"torch-fallback=={version}"
         results = c.run([cell], index_url=f"{url}/simple/", requirement=requirement)
     return c.publish([cell.name], "installed from the local index", results)
@@ -340,18 +337,17 @@ def cmd_publish_local(c: Context) -> int:
 def cmd_workflows(c: Context) -> int:
     planned = plan_workflows(c.matrix)
     drift = check_workflows(c.matrix.root, planned, fix=not c.args.check)
-    if not c.args.check:
-        for path in drift or ["nothing: already up to date"]:
-            c.reporter.say(f"wrote {path}")
-    elif drift:
-        problems = "; ".join(f"{name}: {problem}" for name, problem in drift.items())
+    problems = "; ".join(f"{name}: {problem}" for name, problem in drift.items())
+    if not drift:
+        c.reporter.say(f"{len(planned)} generated file(s) up to date with matrix.yaml")
+    elif not c.args.check:
+        c.reporter.say(f"regenerated the files that were out of date ({problems})")
+    else:
         c.reporter.error(
             f"the generated GitHub files are out of date with matrix.yaml ({problems}); "
             f"regenerate them with `{REGENERATE_COMMAND}` (or `nox -s workflows`) and commit them"
         )
         return EXIT_FAILED
-    else:
-        c.reporter.say(f"{len(planned)} generated file(s) up to date with matrix.yaml")
     return EXIT_OK
 
 
@@ -360,7 +356,7 @@ def cmd_clean(c: Context) -> int:
     for partial in sorted(cache.glob("wheelhouse/.*.partial")):
         shutil.rmtree(partial, ignore_errors=True)
         c.reporter.say(f"removed interrupted wheelhouse fill {partial}")
-    if runners.engine_status().available:
+    if runners.docker_problem() is None:
         client = runners.connect_docker()
         for container in client.containers.list(all=True, filters={"label": runners.LABEL}):
             container.remove(force=True)

@@ -309,14 +309,10 @@ def expand_cells(
     *,
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[VariantName, str] | None = None,  # --index-url's, per variant
-    selection: SelectionName | None = None,
 ) -> tuple[Cell, ...]:
-    """All cells of ``spec`` (or those in ``selection``: "pr" or "main"), defaults applied."""
+    """All cells of ``spec``, defaults applied."""
     defaults, environ, overrides, cells = spec.defaults, environ or {}, overrides or {}, []
     for cell in spec.cells:
-        selections = tuple(cell.selections or defaults.selections)
-        if selection is not None and selection not in selections:
-            continue
         variant, settings = cell.variant, spec.variants[cell.variant]
         if variant in overrides:
             index = IndexUrl(overrides[variant], f"--index-url {variant}=...")
@@ -333,7 +329,7 @@ def expand_cells(
                 image=defaults.image.model_copy(update=image.model_dump(exclude_none=True)),
                 tests=defaults.tests.model_copy(update=tests.model_dump(exclude_none=True)),
                 runner_labels=tuple(spec.runners[cell.runner or defaults.runner]),
-                selections=selections,
+                selections=tuple(cell.selections or defaults.selections),
             )
         )
     return tuple(cells)

@@ -19,7 +19,7 @@ import tarfile
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 from docker.types import DeviceRequest, Mount
 
@@ -45,11 +45,6 @@ for _chatty in ("urllib3", "docker"):
     logging.getLogger(_chatty).setLevel(logging.WARNING)
 
 
-class EngineStatus(NamedTuple):
-    available: bool
-    detail: str
-
-
 def connect_docker(timeout: int = 900) -> DockerClient:
     """A client of a daemon that answers (image builds can be silent for minutes)."""
     try:
@@ -63,15 +58,13 @@ def connect_docker(timeout: int = 900) -> DockerClient:
     return client
 
 
-def engine_status() -> EngineStatus:
-    """Whether a daemon answers, without raising."""
+def docker_problem() -> str | None:
+    """Why no Docker daemon answers (a probe of a few seconds); None when one does."""
     try:
-        client = connect_docker(timeout=5)
+        connect_docker(timeout=5).close()
     except MatrixError as error:
-        return EngineStatus(False, str(error))
-    version = client.version().get("Version")
-    client.close()
-    return EngineStatus(True, f"Docker engine {version} answers")
+        return str(error)
+    return None
 
 
 def find_python(version: str, purpose: str = "for the local runner; or use --runner docker") -> str:
@@ -293,7 +286,6 @@ def choose_runner(choice: RunnerChoice) -> tuple[Runner, str]:
         return LocalRunner(), "asked for --runner local"
     if choice == "docker":
         return DockerRunner(connect_docker()), "asked for --runner docker"
-    engine = engine_status()
-    if engine.available:
-        return DockerRunner(), f"auto: {engine.detail}"
+    if docker_problem() is None:
+        return DockerRunner(), "auto: a Docker daemon answers"
     return LocalRunner(), "auto: no Docker daemon answers"

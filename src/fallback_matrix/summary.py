@@ -24,10 +24,9 @@ class JUnitCounts(NamedTuple):
 def read_counts(report: Path) -> JUnitCounts | None:
     """The counts of a pytest JUnit report; None when it is missing or unreadable."""
     try:
-        root = ET.parse(report).getroot()
+        suites = list(ET.parse(report).iter("testsuite"))  # the root, or those under it
     except (OSError, ET.ParseError):
         return None
-    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
     tests, failed, skipped = (
         sum(int(suite.get(key) or 0) for suite in suites for key in keys)
         for keys in (["tests"], ["failures", "errors"], ["skipped"])
@@ -69,11 +68,10 @@ def collect_rows(artifacts_root: Path, cells: Sequence[str] | None = None) -> li
         outcome = "passed" if passed else "FAILED"
         rows.append(CellRow(cell, runner, build, tests, outcome, result.get("seconds")))
         if steps:  # the job ran: the example has a row, reached or not
-            example = steps.get("example", {})
-            state = {"ok": "ok", "failed": "failed"}.get(example.get("status", ""), "not reached")
+            example = steps.get("example", {"status": "not reached"})
+            state, seconds = example["status"], example.get("seconds")
             tests = read_counts(directory / "example" / JUNIT_FILE)
             outcome = "passed" if state == "ok" else "FAILED"
-            seconds = example.get("seconds")
             rows.append(CellRow(f"{cell}/example", runner, state, tests, outcome, seconds))
     return rows
 

@@ -140,7 +140,7 @@ def workflow(matrix: LoadedMatrix, spec: Mapping[str, Any], groups: str) -> dict
     host = {"python": defaults.python, "labels": matrix.spec.runners[defaults.runner]}
     jobs: dict[str, Any] = {}
     if "selection" in spec:
-        cells = expand_cells(matrix.spec, selection=spec["selection"])
+        cells = [cell for cell in expand_cells(matrix.spec) if spec["selection"] in cell.selections]
         release = spec.get("release", False)
         main_only = "pull_request" not in spec["on"]
         jobs = cell_jobs(cells, groups, release=release, main_only=main_only)

@@ -24,7 +24,7 @@ from fallback_matrix.report import Reporter
 from fallback_matrix.runners import (
     LABEL,
     connect_docker,
-    engine_status,
+    docker_problem,
     ensure_image,
     plan_container,
     plan_image,
@@ -37,9 +37,8 @@ pytestmark = pytest.mark.docker
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[Any]:
-    status = engine_status()
-    if not status.available:
-        pytest.skip(f"no Docker daemon: {status.detail}")
+    if problem := docker_problem():
+        pytest.skip(f"no Docker daemon: {problem}")
     client = connect_docker()
     yield client
     client.close()

@@ -13,10 +13,9 @@ from fallback_matrix import runners
 from fallback_matrix.matrix import MatrixError
 from fallback_matrix.report import Reporter
 from fallback_matrix.runners import (
-    EngineStatus,
     choose_runner,
     connect_docker,
-    engine_status,
+    docker_problem,
     find_python,
 )
 
@@ -45,32 +44,30 @@ def test_asking_for_docker_without_a_daemon_fails_clearly(no_daemon: None) -> No
         choose_runner("docker")
 
 
-def test_engine_status_reports_instead_of_raising(no_daemon: None) -> None:
-    status = engine_status()
-    assert not status.available
-    assert "Start the Docker daemon" in status.detail
+def test_the_docker_probe_reports_instead_of_raising(no_daemon: None) -> None:
+    problem = docker_problem()
+    assert problem is not None and "Start the Docker daemon" in problem
 
 
 def test_auto_picks_local_without_a_daemon(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runners, "engine_status", lambda: EngineStatus(False, "no daemon"))
+    monkeypatch.setattr(runners, "docker_problem", lambda: "no daemon")
     runner, reason = choose_runner("auto")
     assert runner.name == "local"
     assert "auto" in reason
 
 
 def test_auto_picks_docker_when_a_daemon_answers(monkeypatch: pytest.MonkeyPatch) -> None:
-    answers = EngineStatus(True, "Docker engine 27.0 answers")
-    monkeypatch.setattr(runners, "engine_status", lambda: answers)
+    monkeypatch.setattr(runners, "docker_problem", lambda: None)
     runner, reason = choose_runner("auto")
     assert runner.name == "docker"
-    assert "Docker engine 27.0 answers" in reason
+    assert reason == "auto: a Docker daemon answers"
 
 
 def test_local_is_local_without_asking_docker(monkeypatch: pytest.MonkeyPatch) -> None:
-    def must_not_be_called() -> EngineStatus:
+    def must_not_be_called() -> str | None:
         raise AssertionError("local must not probe Docker")
 
-    monkeypatch.setattr(runners, "engine_status", must_not_be_called)
+    monkeypatch.setattr(runners, "docker_problem", must_not_be_called)
     assert choose_runner("local")[0].name == "local"
 
 
@@ -166,7 +163,7 @@ def test_clean_removes_leftovers_and_with_caches_the_caches(
     client = MagicMock()
     leftover = MagicMock()
     client.containers.list.return_value = [leftover]
-    monkeypatch.setattr(runners, "engine_status", lambda: EngineStatus(True, "answers"))
+    monkeypatch.setattr(runners, "docker_problem", lambda: None)
     monkeypatch.setattr(runners, "connect_docker", lambda: client)
     matrix = ["--matrix", str(repo_root / "matrix.yaml")]
 
