@@ -66,11 +66,6 @@ class Job:
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
 
-    @classmethod
-    def from_json(cls, text: str) -> "Job":
-        """The job in ``text``; TypeError names a missing or unknown key."""
-        return cls(**json.loads(text))
-
     @property
     def build_dir(self) -> Path:
         """Fixed per cell, so compiler command lines (and ccache keys) repeat across runs."""
@@ -461,8 +456,8 @@ def main(argv: Sequence[str]) -> int:
         print("usage: python -m fallback_matrix.job JOB.json | torch PIN CUDA | wheel WHEEL TORCH")
         return 2
     try:
-        job = Job.from_json(Path(argv[0]).read_text(encoding="utf-8"))
-    except (OSError, ValueError, TypeError) as error:
+        job = Job(**json.loads(Path(argv[0]).read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError) as error:  # TypeError: a missing or unknown key
         print(f"cannot read the job file {argv[0]}: {error}", file=sys.stderr)
         return 2
     print(f"cell {job.cell}: python {sys.version.split()[0]} at {sys.executable}", flush=True)

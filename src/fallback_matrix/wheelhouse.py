@@ -6,7 +6,6 @@ configuration (a find-links folder must not swap the build), unless that index d
 """
 
 import hashlib
-import importlib.metadata
 import json
 import os
 import shutil
@@ -19,7 +18,6 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import tomllib
-from packaging.requirements import Requirement
 from packaging.utils import parse_wheel_filename
 
 from .job import GROUPS, PIP_WITH_GROUPS, capture, torch_matches
@@ -87,20 +85,10 @@ def pip_cert(environ: Mapping[str, str]) -> str | None:
     return None
 
 
-def pip_has_groups() -> bool:
-    try:
-        pip = importlib.metadata.version("pip")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return Requirement(PIP_WITH_GROUPS).specifier.contains(pip)
-
-
 def download_python(version: str, cache_root: Path, log: Reporter) -> str:
-    """A Python ``version`` with pip >= 25.1 to run pip download for a cell with: pip
-    evaluates dependency markers (``tomli; python_version < "3.11"``) for the Python it
-    runs on, whatever --python-version says."""
-    if version == f"{sys.version_info.major}.{sys.version_info.minor}" and pip_has_groups():
-        return sys.executable
+    """A venv of Python ``version`` with pip >= 25.1 (``--group``) to run pip download for a
+    cell with: pip evaluates dependency markers (``tomli; python_version < "3.11"``) for the
+    Python it runs on, whatever --python-version says."""
     venv = cache_root / "pip" / f"py{version}"
     python = venv / "bin" / "python"
     if not (venv / ".complete").is_file():

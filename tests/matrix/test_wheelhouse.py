@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -264,21 +263,3 @@ def test_wheels_are_downloaded_by_the_cells_own_python(
     ]
     assert wheelhouse.download_python("3.10", tmp_path, cell_log) == python  # kept
     assert len(commands) == 2
-    running = f"{sys.version_info.major}.{sys.version_info.minor}"
-    monkeypatch.setattr(wheelhouse, "pip_has_groups", lambda: True)
-    assert wheelhouse.download_python(running, tmp_path, cell_log) == sys.executable
-    # The running Python with a pip older than 25.1 gets a venv with a new pip too.
-    monkeypatch.setattr(wheelhouse, "pip_has_groups", lambda: False)
-    assert wheelhouse.download_python(running, tmp_path, cell_log) == str(
-        tmp_path / "pip" / f"py{running}" / "bin" / "python"
-    )
-
-
-@pytest.mark.parametrize(
-    ("pip", "has_groups"), [("23.2.1", False), ("25.0", False), ("25.1", True)]
-)
-def test_pip_installs_dependency_groups_from_25_1(
-    monkeypatch: pytest.MonkeyPatch, pip: str, has_groups: bool
-) -> None:
-    monkeypatch.setattr(wheelhouse.importlib.metadata, "version", lambda name: pip)
-    assert wheelhouse.pip_has_groups() is has_groups
