@@ -118,7 +118,7 @@ def run_cell(
     return CellResult(exit_code, seconds, out / LOG_FILE, error)
 
 
-def run_tooling_tests(matrix: LoadedMatrix, artifacts: Path, reporter: Reporter) -> bool:
+def run_tooling_tests(matrix: LoadedMatrix, artifacts: Path, reporter: Reporter) -> None:
     """The tooling's own tests on the host, recorded like a cell named 'tooling'."""
     target = artifacts / TOOLING_ROW
     shutil.rmtree(target, ignore_errors=True)
@@ -128,8 +128,8 @@ def run_tooling_tests(matrix: LoadedMatrix, artifacts: Path, reporter: Reporter)
     command = pytest_command([sys.executable], tests, matrix.root, target / JUNIT_FILE, TOOLING_ROW)
     status = subprocess.call(command, cwd=matrix.root)
     record = {"cell": TOOLING_ROW, "runner": "host", "exit_code": status}
+    record["error"] = f"tooling tests failed; see above ({target})" if status else None
     (target / RESULT_FILE).write_text(json.dumps(record) + "\n", encoding="utf-8")
-    return status == 0
 
 
 def find_wheel(path: Path, what: str = "--wheel") -> Path:
@@ -213,23 +213,23 @@ class Context:
         (cell,) = pick_cells(self.cells, [name])
         return cell.model_copy(update={"name": results_name or name})
 
-    def run(self, cells: Sequence[Cell], **options: Any) -> list[CellResult]:
+    def run(
+        self, cells: Sequence[Cell], title: str, names: Sequence[str] = (), **options: Any
+    ) -> int:
+        """Run ``cells`` (``options``: Job fields), then publish them (or ``names``)."""
         runner, reason = runners.choose_runner(self.args.runner)
         self.reporter.say(f"runner {runner.name} ({reason})")
-        results, options = [], {"gpus": self.args.gpus, **options}
+        options = {"gpus": self.args.gpus, **options}
         for number, cell in enumerate(cells, start=1):
             self.reporter.rule(f"cell {cell.name} ({number}/{len(cells)}) - runner {runner.name}")
             out = self.artifacts / cell.name
             result = run_cell(self.matrix, cell, runner, out, self.reporter, **options)
             state = "passed" if result.exit_code == 0 else "FAILED"
             self.reporter.say(f"{cell.name} {state} in {result.seconds:.0f}s (log {result.log})")
-            results.append(result)
-        return results
+        return self.publish(names or [cell.name for cell in cells], title)
 
-    def publish(
-        self, names: Sequence[str] | None, title: str, results: Sequence[CellResult] = ()
-    ) -> int:
-        """The summary table (also markdown for GitHub), a closing line, the failures."""
+    def publish(self, names: Sequence[str] | None, title: str) -> int:
+        """The summary table (also markdown for GitHub), a closing line, why cells failed."""
         rows = summary.collect_rows(self.artifacts, names)
         if not rows:
             raise MatrixError(f"no cell results under {self.artifacts}; run cells first")
@@ -238,9 +238,9 @@ class Context:
             with open(target, "a", encoding="utf-8") as handle:
                 handle.write(summary.render_markdown(rows, title=title))
         self.reporter.line(summary.closing_line(rows, label=title))
-        for result in results:
-            if result.error:  # every failed cell has one
-                self.reporter.error(result.error)
+        for row in rows:  # every failed cell's result says why
+            if error := summary.read_json(self.artifacts / row.cell / RESULT_FILE).get("error"):
+                self.reporter.error(error)
         return EXIT_FAILED if any(row.result != "passed" for row in rows) else EXIT_OK
 
 
@@ -259,14 +259,13 @@ def cmd_list(c: Context) -> int:
 
 
 def cmd_run(c: Context) -> int:
-    cells = pick_cells(c.cells, c.args.cells)
-    return c.publish([cell.name for cell in cells], "matrix", c.run(cells))
+    return c.run(pick_cells(c.cells, c.args.cells), "matrix")
 
 
 def cmd_reproduce(c: Context) -> int:
     cell = c.cell(c.args.cell)
     c.reporter.rule(f"reproducing cell {cell.name} as CI runs it (nox -s build-{cell.name})")
-    status = c.publish([cell.name], "matrix", c.run([cell]))
+    status = c.run([cell], "matrix")
     if status != EXIT_OK:
         c.reporter.say(f"artifacts: {c.artifacts / cell.name}/ (cell.log, junit.xml, result.json)")
     return status
@@ -277,12 +276,9 @@ def cmd_summary(c: Context) -> int:
 
 
 def cmd_project_tests(c: Context) -> int:
-    tooling_ok = run_tooling_tests(c.matrix, c.artifacts, c.reporter)
+    run_tooling_tests(c.matrix, c.artifacts, c.reporter)
     cell = c.cell(c.matrix.spec.project_tests.cell)
-    status = c.publish([TOOLING_ROW, cell.name], "tests", c.run([cell]))  # failed if either did
-    if not tooling_ok:
-        c.reporter.error(f"tooling tests failed; see above ({c.artifacts / TOOLING_ROW})")
-    return status
+    return c.run([cell], "tests", [TOOLING_ROW, cell.name])  # failed if either did
 
 
 def cmd_tooling_tests(c: Context) -> int:
@@ -300,7 +296,7 @@ def cmd_test_wheel(c: Context) -> int:
     staging.mkdir(parents=True)
     wheel = Path(shutil.copy2(found, staging / found.name))
     c.reporter.rule(f"testing {wheel.name} in cell {c.args.cell} (results: {cell.name})")
-    return c.publish([cell.name], "wheel tests", c.run([cell], prebuilt_wheel=str(wheel)))
+    return c.run([cell], "wheel tests", prebuilt_wheel=str(wheel))
 
 
 def cmd_dist(c: Context) -> int:
@@ -330,8 +326,8 @@ def cmd_publish_local(c: Context) -> int:
             raise MatrixError(f"twine upload to {url} failed; see above")
         log.say(f"local index now serves: {', '.join(sorted(p.name for p in packages.iterdir()))}")
         requirement = f"torch-fallback=={version}"
-        results = c.run([cell], index_url=f"{url}/simple/", requirement=requirement)
-    return c.publish([cell.name], "installed from the local index", results)
+        title = "installed from the local index"
+        return c.run([cell], title, index_url=f"{url}/simple/", requirement=requirement)
 
 
 def cmd_workflows(c: Context) -> int:

@@ -150,7 +150,12 @@ def test_summary_command_writes_github_markdown(
 ) -> None:
     step_summary = tmp_path / "step-summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step_summary))
+    record = json.loads((artifacts / "cuda" / "result.json").read_text())
+    record["error"] = "cell cuda failed in a container (exit status 1); log: cuda/cell.log"
+    (artifacts / "cuda" / "result.json").write_text(json.dumps(record))
     status = cli.main(["summary", "--artifacts", str(artifacts)])
     assert status == cli.EXIT_FAILED  # the cuda cell failed
     assert "| cuda | docker |" in step_summary.read_text()
-    assert "matrix: 16 passed, 2 failed, 5 skipped" in capsys.readouterr().out
+    output = capsys.readouterr().out
+    assert "matrix: 16 passed, 2 failed, 5 skipped" in output
+    assert "error: cell cuda failed in a container (exit status 1)" in output  # why it failed
