@@ -358,19 +358,17 @@ def cmd_clean(c: Context) -> int:
             container.remove(force=True)
             c.reporter.say(f"removed leftover container {container.name}")
         if c.args.caches:
-            run_dir = os.environ.get(runners.DOCKER_CACHE_ENV, "")
-            if run_dir[:1] == "/" and Path(run_dir).exists():
-                shutil.rmtree(run_dir, ignore_errors=True)
-                c.reporter.say(f"removed {run_dir} (${runners.DOCKER_CACHE_ENV})")
             for volume in client.volumes.list(filters={"name": runners.CACHE_VOLUME}):
                 volume.remove(force=True)
                 c.reporter.say(f"removed volume {volume.name}")
             for image in client.images.list(filters={"label": f"{runners.LABEL}=image"}):
                 client.images.remove(str(image.id), force=True)
                 c.reporter.say(f"removed image {', '.join(image.tags) or image.short_id}")
-    if c.args.caches and cache.exists():
-        shutil.rmtree(cache)
-        c.reporter.say(f"removed {cache}")
+    run_dir = Path(os.environ.get(runners.DOCKER_CACHE_ENV, ""))  # absolute: a host directory
+    for directory in (cache, run_dir) if c.args.caches else ():
+        if directory.is_absolute() and directory.exists():
+            shutil.rmtree(directory, ignore_errors=True)
+            c.reporter.say(f"removed {directory}")
     return EXIT_OK
 
 

@@ -174,6 +174,9 @@ def test_clean_removes_leftovers_and_with_caches_the_caches(
     assert (cache / "wheelhouse" / "torch-x").is_dir()  # a complete wheelhouse stays
     client.volumes.list.assert_not_called()
 
+    run_dir = tmp_path / "run-cache"  # a host directory as the Docker cache (a GPU job's)
+    (run_dir / "ccache").mkdir(parents=True)
+    monkeypatch.setenv(runners.DOCKER_CACHE_ENV, str(run_dir))
     assert cli.main([*matrix, "clean", "--caches"]) == cli.EXIT_OK
     assert client.volumes.list.call_args.kwargs["filters"] == {"name": runners.CACHE_VOLUME}
-    assert not cache.exists()
+    assert not cache.exists() and not run_dir.exists()
