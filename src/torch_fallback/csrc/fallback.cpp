@@ -883,8 +883,10 @@ void copy_between(const BackendAdapter& backend, const at::Tensor& src, const at
 
 namespace detail {
 
-DirectCall::DirectCall(const BackendAdapter& backend, const c10::OperatorHandle& op)
-    : backend_(backend), rules_(op_rules(op)), start_(Clock::now()) {}
+DirectCall::DirectCall(const BackendAdapter& backend, const OpRules& rules)
+    : backend_(backend), rules_(rules), start_(Clock::now()) {}
+
+const OpRules& DirectCall::rules_for(const c10::OperatorHandle& op) { return op_rules(op); }
 
 DirectCall::~DirectCall() {
   if (!started_) return;  // the boxed fallback serves (and counts) the call

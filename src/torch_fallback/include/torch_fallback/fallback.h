@@ -197,7 +197,9 @@ class TargetImplPool;
 // setting that sends the op elsewhere) goes to the boxed fallback, which serves it in full.
 class TORCH_FALLBACK_API DirectCall {
  public:
-  DirectCall(const BackendAdapter& backend, const c10::OperatorHandle& op);
+  // `rules`: rules_for(op), which a kernel may keep per thread.
+  DirectCall(const BackendAdapter& backend, const OpRules& rules);
+  static const OpRules& rules_for(const c10::OperatorHandle& op);
   ~DirectCall();
   DirectCall(const DirectCall&) = delete;
   DirectCall& operator=(const DirectCall&) = delete;
@@ -286,8 +288,10 @@ struct DirectKernel<Adapter, Op, Result(Args...)> {
   static Result call(Args... args) {
     static const c10::OperatorHandle op =
         c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
+    thread_local const OpRules* rules = nullptr;  // the fallback's rules are per thread
+    if (rules == nullptr) rules = &DirectCall::rules_for(op);
     {
-      DirectCall direct(Adapter(), op);
+      DirectCall direct(Adapter(), *rules);
       (direct.offer(args), ...);
       if (direct.start()) {
         const auto run = [&]() -> Result {

@@ -1,8 +1,10 @@
 // relay memory: the allocator, the home of each storage, and zero-copy views
 // between relay storages and CPU or CUDA storages.
+#include <array>
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <utility>
 
 #include <ATen/Context.h>
 #include <ATen/ops/from_blob.h>
@@ -36,29 +38,39 @@ void count_allocation(c10::DeviceIndex index, int64_t nbytes) {
   }
 }
 
-// What a relay DataPtr's context holds: the CPU or CUDA storage that owns the
-// memory (allocated for relay, or a result relay took over), which is also the
-// storage the fallback runs kernels on, so that a call allocates none.
-struct Block {
-  c10::Storage home;
-  c10::DeviceIndex index;
-  Block(c10::Storage home_storage, c10::DeviceIndex device_index)
-      : home(std::move(home_storage)), index(device_index) {
-    count_allocation(index, static_cast<int64_t>(home.nbytes()));
-  }
-  ~Block() {
-    g_counters[index].allocated.fetch_sub(static_cast<int64_t>(home.nbytes()),
-                                          std::memory_order_relaxed);
-  }
-};
+// A relay DataPtr's context is the CPU or CUDA StorageImpl that owns its memory
+// (allocated for relay, or a result relay took over), one reference held: that
+// is also the storage the fallback runs kernels on, so that a call allocates
+// none. The deleter drops the reference and counts the bytes off its relay
+// device; there is one per device index, and it doubles as the tag of a relay
+// DataPtr.
+template <c10::DeviceIndex Index>
+void release_home(void* ctx) {
+  auto home = c10::intrusive_ptr<c10::StorageImpl>::reclaim(static_cast<c10::StorageImpl*>(ctx));
+  g_counters[Index].allocated.fetch_sub(static_cast<int64_t>(home->nbytes()),
+                                        std::memory_order_relaxed);
+}
 
-// The deleter doubles as a tag: a relay storage with it has a Block.
-void release_block(void* ctx) { delete static_cast<Block*>(ctx); }
+template <size_t... Index>
+constexpr std::array<c10::DeleterFnPtr, sizeof...(Index)> release_homes(
+    std::index_sequence<Index...> /*indices*/) {
+  return {&release_home<static_cast<c10::DeviceIndex>(Index)>...};
+}
+
+constexpr std::array<c10::DeleterFnPtr, kMaxDevices> kReleaseHome =
+    release_homes(std::make_index_sequence<kMaxDevices>());
+
 void release_backend_storage(void* ctx) { delete static_cast<c10::Storage*>(ctx); }
 
-const Block* block_of(const c10::Storage& storage) {
-  if (storage.data_ptr().get_deleter() != &release_block) return nullptr;
-  return static_cast<const Block*>(storage.data_ptr().get_context());
+// The StorageImpl a relay storage's memory lives in, or nullptr for memory
+// relay did not allocate.
+c10::StorageImpl* home_impl_of(const c10::Storage& storage) {
+  const c10::DataPtr& data = storage.data_ptr();
+  const c10::DeviceIndex index = data.device().index();
+  if (index < 0 || index >= kMaxDevices || data.get_deleter() != kReleaseHome[index]) {
+    return nullptr;
+  }
+  return static_cast<c10::StorageImpl*>(data.get_context());
 }
 
 c10::Device relay_device(c10::DeviceIndex index) {
@@ -66,8 +78,11 @@ c10::Device relay_device(c10::DeviceIndex index) {
 }
 
 c10::DataPtr relay_data_ptr(c10::Storage home, c10::DeviceIndex index) {
+  TORCH_CHECK(index >= 0 && index < kMaxDevices, "torch_fallback: relay supports devices 0 to ",
+              kMaxDevices - 1, ", not relay:", static_cast<int>(index), ".");
+  count_allocation(index, static_cast<int64_t>(home.nbytes()));
   void* data = home.mutable_data();
-  return {data, new Block(std::move(home), index), &release_block, relay_device(index)};
+  return {data, home.unsafeReleaseStorageImpl(), kReleaseHome[index], relay_device(index)};
 }
 
 c10::Storage storage_from(c10::Allocator* allocator, size_t nbytes) {
@@ -160,8 +175,8 @@ Home home_of(const c10::Storage& storage) {
     // written; give it its own memory, so that it has a home of its own.
     storage.unsafeGetStorageImpl()->mutable_data_ptr();
   }
-  if (const Block* block = block_of(storage)) {
-    return block->home.device().is_cuda() ? Home::Cuda : Home::Host;
+  if (const c10::StorageImpl* home = home_impl_of(storage)) {
+    return home->device().is_cuda() ? Home::Cuda : Home::Host;
   }
   // Memory relay did not allocate: a relay tensor made with from_blob (as
   // torch.save does to copy a storage to the host). The pointer tells.
@@ -173,20 +188,23 @@ c10::Device home_device(const c10::Storage& storage) {
   return c10::Device(c10::kCUDA, storage.device().index());
 }
 
-// The storage a Block keeps, while it still holds the relay storage's bytes.
-const c10::Storage* kept_home(const c10::Storage& storage) {
-  const Block* block = block_of(storage);
-  if (block == nullptr || block->home.data() != storage.data() ||
-      block->home.nbytes() != storage.nbytes()) {
+// The StorageImpl a relay DataPtr keeps, while it still holds the relay storage's bytes.
+c10::StorageImpl* kept_home(const c10::Storage& storage) {
+  c10::StorageImpl* home = home_impl_of(storage);
+  if (home == nullptr || home->data() != storage.data() || home->nbytes() != storage.nbytes()) {
     return nullptr;
   }
-  return &block->home;
+  return home;
 }
 
 c10::Storage home_storage(const c10::Storage& storage) {
-  if (const c10::Storage* kept = kept_home(storage)) return *kept;
+  if (c10::StorageImpl* kept = kept_home(storage)) {
+    return c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(kept));
+  }
   const c10::Device device = home_device(storage);  // gives a lazy clone memory of its own
-  if (const c10::Storage* kept = kept_home(storage)) return *kept;
+  if (c10::StorageImpl* kept = kept_home(storage)) {
+    return c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(kept));
+  }
   // Memory relay does not own: a view that keeps the relay storage alive.
   c10::DataPtr data(const_cast<void*>(storage.data()), new c10::Storage(storage),
                     &release_backend_storage, device);
@@ -202,7 +220,7 @@ c10::Device output_home(c10::DeviceIndex index) {
 
 at::Tensor adopt(const at::Tensor& home_tensor, c10::DeviceIndex index) {
   const c10::Storage& source = home_tensor.storage();
-  // The fallback runs later ops on this storage in place (the Block keeps it);
+  // The fallback runs later ops on this storage in place (the relay DataPtr keeps it);
   // a kernel must never give it new memory, which the relay storage would not see.
   source.unsafeGetStorageImpl()->set_resizable(false);
   c10::Storage storage(c10::Storage::use_byte_size_t(), source.nbytes(),
