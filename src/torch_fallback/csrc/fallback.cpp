@@ -56,7 +56,12 @@ void release_storage_reference(void* ctx) { delete static_cast<c10::Storage*>(ct
 // Gives `impl` the geometry of `like`; lazy conjugation and negation travel as
 // bits, not data.
 void take_geometry(c10::TensorImpl* impl, const at::Tensor& like) {
-  impl->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+  // A TensorImpl from the pool often has it already (ops of one shape come in a
+  // row); its contiguity flags then still hold and need no recomputing.
+  if (impl->storage_offset() != like.storage_offset() || impl->sizes() != like.sizes() ||
+      impl->strides() != like.strides()) {
+    impl->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+  }
   impl->_set_conj(like.is_conj());
   impl->_set_neg(like.is_neg());
 }
