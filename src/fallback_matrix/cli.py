@@ -17,7 +17,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import yaml
 from packaging.utils import parse_wheel_filename
@@ -39,13 +39,6 @@ EXIT_REASONS = {
     137: ": killed by SIGKILL, e.g. docker kill or the out-of-memory killer",
     143: ": stopped by SIGTERM, e.g. docker stop",
 }
-
-
-class CellResult(NamedTuple):
-    exit_code: int
-    seconds: float
-    log: Path
-    error: str | None
 
 
 def cache_root(repo: Path) -> Path:
@@ -90,9 +83,9 @@ def make_job(matrix: LoadedMatrix, cell: Cell, cache: Path, artifacts: Path, **o
 
 def run_cell(
     matrix: LoadedMatrix, cell: Cell, runner: Runner, out: Path, reporter: Reporter, **options: Any
-) -> CellResult:
+) -> dict[str, Any]:
     """Run one cell, its result (cell.log, result.json, the job's artifacts) in ``out``;
-    ``options``: Job fields. A failure ends up in the result, never raised."""
+    ``options``: Job fields. A failure ends up in result.json's record, returned, never raised."""
     shutil.rmtree(out, ignore_errors=True)
     started, error, exit_code, where = time.monotonic(), None, 1, runner.name
     with reporter.for_cell(cell.name, out / LOG_FILE) as log:
@@ -115,7 +108,7 @@ def run_cell(
     record |= {"cell": cell.name, "runner": runner.name, "where": where, "exit_code": exit_code}
     record |= {"seconds": seconds, "error": error or record.get("error")}
     (out / RESULT_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    return CellResult(exit_code, seconds, out / LOG_FILE, error)
+    return record
 
 
 def run_tooling_tests(matrix: LoadedMatrix, artifacts: Path, reporter: Reporter) -> None:
@@ -224,8 +217,8 @@ class Context:
             self.reporter.rule(f"cell {cell.name} ({number}/{len(cells)}) - runner {runner.name}")
             out = self.artifacts / cell.name
             result = run_cell(self.matrix, cell, runner, out, self.reporter, **options)
-            state = "passed" if result.exit_code == 0 else "FAILED"
-            self.reporter.say(f"{cell.name} {state} in {result.seconds:.0f}s (log {result.log})")
+            state = "passed" if result["exit_code"] == 0 else "FAILED"
+            self.reporter.say(f"{cell.name} {state} in {result['seconds']:.0f}s (log in {out}/)")
         return self.publish(names or [cell.name for cell in cells], title)
 
     def publish(self, names: Sequence[str] | None, title: str) -> int:

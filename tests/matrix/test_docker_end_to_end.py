@@ -105,8 +105,8 @@ def test_the_image_runs_a_job_with_the_repository_read_only(
         "python3 -c 'import sys; print(sys.version)'; echo wheel > /out/probe.txt"
     )
     result = run_script(repo_root, tmp_path, client, volume, script)
-    log = result.log.read_text()
-    assert result.exit_code == 0, log
+    log = (tmp_path / "artifacts" / "cpu" / "cell.log").read_text()
+    assert result["exit_code"] == 0, log
     assert "\n1000\n" in log  # not root
     assert (tmp_path / "artifacts" / "cpu" / "probe.txt").read_text() == "wheel\n"
     assert_container_removed(client, log)
@@ -116,12 +116,13 @@ def test_a_failing_job_gives_a_nonzero_status_naming_the_cell(
     repo_root: Path, tmp_path: Path, client: Any, volume: str
 ) -> None:
     result = run_script(repo_root, tmp_path, client, volume, "echo about to fail; exit 3")
-    assert result.exit_code == 3
-    assert result.error is not None
-    assert "cell cpu failed" in result.error
-    assert str(tmp_path / "artifacts" / "cpu" / "cell.log") in result.error
-    assert "about to fail" in result.log.read_text()
-    assert_container_removed(client, result.log.read_text())
+    assert result["exit_code"] == 3
+    assert result["error"] is not None
+    assert "cell cpu failed" in result["error"]
+    assert str(tmp_path / "artifacts" / "cpu" / "cell.log") in result["error"]
+    log = (tmp_path / "artifacts" / "cpu" / "cell.log").read_text()
+    assert "about to fail" in log
+    assert_container_removed(client, log)
 
 
 def test_a_container_killed_mid_job_fails_the_cell_and_leaves_no_container(
@@ -144,9 +145,9 @@ def test_a_container_killed_mid_job_fails_the_cell_and_leaves_no_container(
     result = run_script(repo_root, tmp_path, client, volume, "echo building; sleep 120")
     killer.join()
     assert killed, "the job's container never ran"
-    assert result.exit_code == 137
-    assert "cell cpu failed" in result.error and "killed by SIGKILL" in result.error
-    assert str(tmp_path / "artifacts" / "cpu" / "cell.log") in result.error
+    assert result["exit_code"] == 137
+    assert "cell cpu failed" in result["error"] and "killed by SIGKILL" in result["error"]
+    assert str(tmp_path / "artifacts" / "cpu" / "cell.log") in result["error"]
     assert client.containers.list(all=True, filters={"label": LABEL, "name": killed[0]}) == []
 
 
@@ -187,8 +188,8 @@ def test_a_cell_runs_with_its_cache_bind_mounted_from_another_users_directory(
             out=tmp_path / "artifacts" / cell.name,
             reporter=Reporter(),
         )
-        log = result.log.read_text()
-        assert result.exit_code == 0, log[-4000:]
+        log = (tmp_path / "artifacts" / cell.name / "cell.log").read_text()
+        assert result["exit_code"] == 0, log[-4000:]
         assert "Permission denied" not in log
         assert (cache / "envs").is_dir() and (cache / "ccache").is_dir()
         assert {path.lstat().st_uid for path in cache.rglob("*")} == {owner}

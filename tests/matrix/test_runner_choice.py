@@ -136,7 +136,7 @@ def test_run_cell_gives_the_job_its_wheelhouse_and_records_the_result(
     result = run_cell(matrix, cell, runner, out=tmp_path / "out" / "cpu", reporter=Reporter())
     (job,) = runner.jobs
     assert job.wheelhouse == str(wheelhouse) and job.torch == "2.13.0+cpu"
-    assert "the job ran" in result.log.read_text()
+    assert "the job ran" in (tmp_path / "out" / "cpu" / "cell.log").read_text()
     record = json.loads((tmp_path / "out" / "cpu" / "result.json").read_text())
     assert (record["runner"], record["exit_code"], record["where"]) == (
         "fake",
@@ -144,9 +144,9 @@ def test_run_cell_gives_the_job_its_wheelhouse_and_records_the_result(
         "a fake runner",
     )
     if status:
-        assert result.error is not None and "killed by SIGKILL" in result.error
+        assert result["error"] is not None and "killed by SIGKILL" in result["error"]
     else:
-        assert result.error is None
+        assert result["error"] is None
 
 
 def test_clean_removes_leftovers_and_with_caches_the_caches(
