@@ -68,8 +68,7 @@ def wheelhouse_key(cell: Cell, groups: str) -> str:
 
 def wheelhouse_name(cell: Cell, groups: str) -> str:
     """torch-2.14.1-py3.11-<key>: what it holds, so cells that install the same share it."""
-    version = cell.torch.replace("+", "-")
-    return f"torch-{version}-py{cell.python}-{wheelhouse_key(cell, groups)}"
+    return f"torch-{cell.torch.replace('+', '-')}-py{cell.python}-{wheelhouse_key(cell, groups)}"
 
 
 def pip_cert(environ: Mapping[str, str]) -> str | None:
@@ -77,8 +76,7 @@ def pip_cert(environ: Mapping[str, str]) -> str | None:
     for key in ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE"):
         if environ.get(key):
             return environ[key]
-    listing = capture([sys.executable, "-m", "pip", "config", "list"])
-    for line in listing.stdout.splitlines():
+    for line in capture([sys.executable, "-m", "pip", "config", "list"]).stdout.splitlines():
         key, _, value = line.partition("=")
         if key.endswith(".cert") and value.strip("'\""):
             return value.strip("'\"")

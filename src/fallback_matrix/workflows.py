@@ -142,8 +142,7 @@ def workflow(matrix: LoadedMatrix, spec: Mapping[str, Any], groups: str) -> dict
     if "selection" in spec:
         cells = [cell for cell in expand_cells(matrix.spec) if spec["selection"] in cell.selections]
         release = spec.get("release", False)
-        main_only = "pull_request" not in spec["on"]
-        jobs = cell_jobs(cells, groups, release=release, main_only=main_only)
+        jobs = cell_jobs(cells, groups, release=release, main_only="pull_request" not in spec["on"])
         if jobs and not release:
             jobs["summary"] = workflow_job("summary", host | {"needs": list(jobs)})
         if release:
