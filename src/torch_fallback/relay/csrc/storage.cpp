@@ -198,18 +198,19 @@ c10::StorageImpl* kept_home(const c10::Storage& storage) {
 }
 
 c10::Storage home_storage(const c10::Storage& storage) {
-  if (c10::StorageImpl* kept = kept_home(storage)) {
-    return c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(kept));
+  c10::StorageImpl* kept = kept_home(storage);
+  if (kept == nullptr) {
+    const c10::Device device = home_device(storage);  // gives a lazy clone memory of its own
+    kept = kept_home(storage);
+    if (kept == nullptr) {
+      // Memory relay does not own: a view that keeps the relay storage alive.
+      c10::DataPtr data(const_cast<void*>(storage.data()), new c10::Storage(storage),
+                        &release_backend_storage, device);
+      return c10::Storage(c10::Storage::use_byte_size_t(), storage.nbytes(), std::move(data),
+                          c10::GetAllocator(device.type()), /*resizable=*/false);
+    }
   }
-  const c10::Device device = home_device(storage);  // gives a lazy clone memory of its own
-  if (c10::StorageImpl* kept = kept_home(storage)) {
-    return c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(kept));
-  }
-  // Memory relay does not own: a view that keeps the relay storage alive.
-  c10::DataPtr data(const_cast<void*>(storage.data()), new c10::Storage(storage),
-                    &release_backend_storage, device);
-  return c10::Storage(c10::Storage::use_byte_size_t(), storage.nbytes(), std::move(data),
-                      c10::GetAllocator(device.type()), /*resizable=*/false);
+  return c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(kept));
 }
 
 c10::Device output_home(c10::DeviceIndex index) {
