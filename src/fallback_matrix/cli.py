@@ -69,7 +69,6 @@ def make_job(matrix: LoadedMatrix, cell: Cell, cache: Path, artifacts: Path, **o
         **cell.model_dump(include={"python", "torch", "cuda", "gpu", "pypi"}),
         test_paths=list(tests.paths),
         test_markers=tests.markers,
-        allow_empty=tests.allow_empty,
         sources=source_files(matrix.root),
         repo=str(matrix.root),
         cache=str(local),

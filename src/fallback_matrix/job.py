@@ -1,8 +1,8 @@
 """The job of one cell, where it runs: in the cell's container, or on the host.
 
-Standard library only (and ``report``): in a container this runs on the image's bare Python,
-as ``python3 -m fallback_matrix.job JOB.json``. Checks that need packaging run in the cell's
-environment (``python -m fallback_matrix.job torch|wheel ...``: one JSON line).
+It runs on the image's bare Python as ``python3 -m fallback_matrix.job JOB.json``, with the
+package and the wheelhouse's ``packaging`` wheel on PYTHONPATH (``runners.job_pythonpath``):
+the standard library, ``packaging`` and ``report`` are all it imports.
 """
 
 import fcntl
@@ -20,6 +20,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from packaging.metadata import Metadata
+from packaging.version import Version
+
 from fallback_matrix.report import RESULT_FILE, Reporter, run_process, without_pip_config
 
 STEPS = (
@@ -32,7 +35,7 @@ PLAIN_VERSION_ENV = "TORCH_FALLBACK_PLAIN_VERSION"  # setup.py: no local version
 TORCH_LIBRARY_PATTERNS = ("libtorch*.so*", "libc10*.so*", "libshm*.so*")
 CCACHE_WRAPPERS = Path("/usr/lib/ccache")
 PYTEST_NO_TESTS = 5
-PACKAGE_PARENT = Path(__file__).resolve().parents[1]
+TORCH_PROBE = "import json, torch as t; print(json.dumps([t.__version__, t.version.cuda, t.__file__]))"
 Command = Sequence[str | Path]
 
 
@@ -46,7 +49,6 @@ class Job:
     cuda: str | None  # the CUDA major torch.version.cuda must have; None: a CPU-only build
     test_paths: list[str]
     test_markers: str
-    allow_empty: bool
     gpu: bool  # the tests need a GPU: TORCH_FALLBACK_REQUIRE_GPU=1, a missing one fails them
     sources: list[str]
     repo: str
@@ -150,27 +152,22 @@ def create_envs(job: Job, env: Mapping[str, str], report: Reporter) -> Path:
     return base
 
 
-def check_in_env(job: Job, env: Mapping[str, str], *args: str) -> dict[str, Any]:
-    """``python -m fallback_matrix.job ARGS`` in the run venv: its JSON answer."""
-    result = capture(job.venv("-m", "fallback_matrix.job", *args), env=env, cwd=PACKAGE_PARENT)
-    if result.returncode != 0:
-        print(result.stdout + result.stderr, flush=True)
-        raise StepFailed(f"checking {args[0]} in {job.run_venv} failed; see the error above")
-    return dict(json.loads(result.stdout.strip().splitlines()[-1]))
-
-
 def verify_torch(job: Job, env: Mapping[str, str], report: Reporter) -> dict[str, Any]:
-    info = check_in_env(job, env, "torch", job.torch, job.cuda or "-")
-    report.say(f"torch {info['version']}, torch.version.cuda={info['cuda']!r}, from {info['file']}")
-    if not info.pop("matches"):
+    result = capture(job.venv("-c", TORCH_PROBE), env=env)
+    if result.returncode != 0:
+        raise StepFailed(f"torch does not import in {job.run_venv}:\n{result.stderr.strip()}")
+    version, cuda, file = json.loads(result.stdout.strip().splitlines()[-1])
+    report.say(f"torch {version}, torch.version.cuda={cuda!r}, from {file}")
+    if not torch_matches(job.torch, version) or job.cuda != (cuda and str(Version(cuda).major)):
         build = f"a CUDA {job.cuda} build" if job.cuda else "a CPU-only build"
         raise StepFailed(
             f"cell {job.cell}: WRONG TORCH: wanted torch {job.torch}, {build}; got torch "
-            f"{info['version']} with torch.version.cuda={info['cuda']!r}. The wheelhouse "
+            f"{version} with torch.version.cuda={cuda!r}. The wheelhouse "
             f"{job.wheelhouse} holds the wrong build: delete it and run again, or check the "
             "variant's index (matrix.yaml variants, --index-url)"
         )
-    return info
+    libraries = sorted(name for name in os.listdir(Path(file).parent / "lib") if ".so" in name)
+    return {"version": version, "cuda": cuda, "file": file, "libraries": libraries}
 
 
 def sync_sources(job: Job, report: Reporter) -> None:
@@ -235,14 +232,14 @@ def build_wheel(job: Job, torch_version: str, env: Mapping[str, str]) -> tuple[P
     wheel = job.pip("wheel", "--no-build-isolation", "--no-deps", "--no-index", "-v", "-w", dist)
     must_run([*wheel, job.build_dir], env, "building the wheel")
     built = one_wheel(dist, "pip wheel")
-    answer = check_in_env(job, env, "wheel", str(built), torch_version)
-    if not answer["matches"]:
+    pins, wanted = torch_pins(built), f"=={Version(torch_version).public}"
+    if pins != [wanted]:
         raise StepFailed(
-            f"{built.name} declares {answer['pins'] or 'no torch requirement'}, but it was built "
-            f"against torch {torch_version} and only loads under that release: its metadata "
-            f"must say Requires-Dist: {answer['wanted']} (setup.py, distribution_metadata)"
+            f"{built.name} declares {pins or 'no torch requirement'}, but it was built against "
+            f"torch {torch_version} and only loads under that release: its metadata must say "
+            f"Requires-Dist: torch{wanted} (setup.py, distribution_metadata)"
         )
-    return built, str(answer["wanted"])
+    return built, f"torch{wanted}"
 
 
 def repair_wheel(
@@ -302,7 +299,7 @@ def pytest_command(
     return [*python, "-m", "pytest", *paths, *options, "-o", f"junit_suite_name={name}"]
 
 
-def run_tests(job: Job, env: Mapping[str, str], report: Reporter) -> None:
+def run_tests(job: Job, env: Mapping[str, str]) -> None:
     paths = [Path(job.repo) / path for path in job.test_paths]
     if missing := [str(path) for path in paths if not path.exists()]:
         raise StepFailed(f"test paths missing: {', '.join(missing)} (matrix.yaml tests.paths)")
@@ -310,14 +307,12 @@ def run_tests(job: Job, env: Mapping[str, str], report: Reporter) -> None:
     command = pytest_command(job.venv(), paths, Path(job.repo), junit, job.cell)
     test_env = dict(env, TORCH_FALLBACK_REQUIRE_GPU="1") if job.gpu else dict(env)
     status = run([*command, "-m", job.test_markers], test_env, cwd=job.test_cwd)
-    if status == PYTEST_NO_TESTS and job.allow_empty:
-        report.say(f"no test selected by -m {job.test_markers!r}: allowed (tests.allow_empty)")
-    elif status == PYTEST_NO_TESTS:
+    if status == PYTEST_NO_TESTS:
         raise StepFailed(
-            f"no test selected by -m {job.test_markers!r} in {', '.join(job.test_paths)}; if that "
-            "is intended, set tests.allow_empty: true for this cell in matrix.yaml"
+            f"no test selected by -m {job.test_markers!r} in {', '.join(job.test_paths)}: "
+            "check the cell's tests.markers in matrix.yaml"
         )
-    elif status != 0:
+    if status != 0:
         raise StepFailed(f"pytest failed (exit status {status}); see the failures above, junit.xml")
 
 
@@ -351,6 +346,7 @@ def run_steps(job: Job) -> int:
     result: dict[str, Any] = {"cell": job.cell, "result": "failed", "steps": report.steps}
     env = without_pip_config(os.environ) | {"PIP_NO_INPUT": "1", "PYTHONUNBUFFERED": "1"}
     env |= {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("PYTHONPATH", None)  # the job's own: the cell's tools must not see this package
     env["PIP_CACHE_DIR"] = f"{job.cache}/pip"
     build, artifacts, wheel = env, Path(job.artifacts), None
     Path(job.work).mkdir(parents=True, exist_ok=True)
@@ -382,7 +378,7 @@ def run_steps(job: Job) -> int:
         with report.step("install", STEPS):
             install_wheel(job, wheel, env, report)
         with report.step("tests", STEPS):
-            run_tests(job, env, report)
+            run_tests(job, env)
         with report.step("example", STEPS):
             run_example(job, build, report)
         with report.step("artifacts", STEPS):
@@ -404,56 +400,22 @@ def run_steps(job: Job) -> int:
     return 0 if result["result"] == "passed" else 1
 
 
-# Run in the cell's environment (python -m fallback_matrix.job torch|wheel): packaging is there.
 def torch_matches(pin: str, version: str) -> bool:
     """Whether torch ``version`` is the pin: exactly when the pin has a label, else its release."""
-    from packaging.version import Version
-
     wanted, got = Version(pin), Version(version)
     return got == wanted if wanted.local is not None else got.public == wanted.public
 
 
-def cuda_matches(expected: str | None, cuda: str | None) -> bool:
-    """torch.version.cuda ("13.0") against a cell's CUDA major (None: a CPU-only build)."""
-    return expected == (cuda.split(".")[0] if cuda else None)
-
-
 def torch_pins(wheel: Path) -> list[str]:
-    from packaging.metadata import Metadata
-
     with zipfile.ZipFile(wheel) as archive:
         name = next((n for n in archive.namelist() if n.endswith(".dist-info/METADATA")), "")
         metadata = Metadata.from_email(archive.read(name) if name else b"", validate=False)
     return [str(r.specifier) for r in metadata.requires_dist or [] if r.name == "torch"]
 
 
-def check(what: str, first: str, second: str) -> dict[str, Any]:
-    """``torch PIN CUDA|-``: the installed torch; ``wheel WHEEL TORCH``: the wheel's torch pin."""
-    if what == "wheel":
-        from packaging.version import Version
-
-        pins, wanted = torch_pins(Path(first)), f"=={Version(second).public}"
-        return {"pins": pins, "wanted": f"torch{wanted}", "matches": pins == [wanted]}
-    import torch
-
-    cuda = torch.version.cuda
-    libraries = os.listdir(Path(torch.__file__).parent / "lib")
-    matches = torch_matches(first, torch.__version__)
-    return {
-        "version": torch.__version__,
-        "cuda": cuda,
-        "file": torch.__file__,
-        "libraries": sorted(name for name in libraries if ".so" in name),
-        "matches": matches and cuda_matches(None if second == "-" else second, cuda),
-    }
-
-
 def main(argv: Sequence[str]) -> int:
-    if len(argv) == 3 and argv[0] in ("torch", "wheel"):
-        print(json.dumps(check(*argv)))
-        return 0
     if len(argv) != 1:
-        print("usage: python -m fallback_matrix.job JOB.json | torch PIN CUDA | wheel WHEEL TORCH")
+        print("usage: python -m fallback_matrix.job JOB.json")
         return 2
     try:
         job = Job(**json.loads(Path(argv[0]).read_text(encoding="utf-8")))

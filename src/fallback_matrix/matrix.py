@@ -78,13 +78,11 @@ class ImageOverride(_Strict):
 class TestSelection(_Strict):
     paths: list[str] = Field(min_length=1, description="test paths, e.g. [tests/extension]")
     markers: str = Field(min_length=1, description='a pytest -m expression, e.g. "not slow"')
-    allow_empty: bool = Field(default=False, description="true when no test may be selected")
 
 
 class TestOverride(_Strict):
     paths: list[str] | None = Field(default=None, min_length=1, description="test paths")
     markers: str | None = Field(default=None, min_length=1, description="a pytest -m expression")
-    allow_empty: bool | None = Field(default=None, description="true or false")
 
 
 class Defaults(_Strict):

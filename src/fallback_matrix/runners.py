@@ -85,6 +85,15 @@ def find_python(version: str, purpose: str = "for the local runner; or use --run
     )
 
 
+def job_pythonpath(job: Job, repo: str, wheelhouse: str) -> str:
+    """The job's PYTHONPATH (``repo``, ``wheelhouse``: where it sees them): this package, and
+    the wheelhouse's packaging wheel, pure Python that imports from the zip."""
+    wheels = sorted(Path(job.wheelhouse).glob("packaging-*.whl"))
+    if not wheels:
+        raise CellError(f"cell {job.cell}: {job.wheelhouse} holds no packaging wheel (test group)")
+    return f"{repo}/src{os.pathsep}{wheelhouse}/{wheels[-1].name}"
+
+
 class LocalRunner:
     """The job with a host Python; its venvs, build dir and ccache in the job's cache."""
 
@@ -98,9 +107,9 @@ class LocalRunner:
         job_file.write_text(job.to_json(), encoding="utf-8")
         if job.gpus:
             log.say("warning: --gpus has no effect with the local runner: the job sees the GPUs")
-        source = Path(job.repo) / "src"  # where `python -m` finds fallback_matrix.job
-        log.say(f"runner local: {python} -m fallback_matrix.job in {source} (cache {job.cache})")
-        status = run_process([python, "-m", "fallback_matrix.job", job_file], log.line, cwd=source)
+        env = dict(os.environ, PYTHONPATH=job_pythonpath(job, job.repo, job.wheelhouse))
+        log.say(f"runner local: {python} -m fallback_matrix.job (cache {job.cache})")
+        status = run_process([python, "-m", "fallback_matrix.job", job_file], log.line, env=env)
         return status, f"local Python {python}"
 
 
@@ -174,6 +183,7 @@ def plan_container(
         staged = Path(job.prebuilt_wheel).relative_to(job.repo).as_posix()
         inside = dataclasses.replace(inside, prebuilt_wheel=f"{REPO}/{staged}")
     environment = {"PYTHONUNBUFFERED": "1", "HOME": "/tmp"}  # a uid without a passwd entry
+    environment["PYTHONPATH"] = job_pythonpath(job, REPO, WHEELHOUSE)
     if ci := os.environ.get("CI"):
         environment["CI"] = ci
     gpus = [DeviceRequest(count=-1, capabilities=[["gpu"]])] if job.gpus or job.gpu else None
@@ -191,7 +201,6 @@ def plan_container(
         # offline (the wheelhouse), unless it installs from a package index on this host
         "network_mode": "host" if job.index_url else "none",
         "device_requests": gpus,
-        "working_dir": f"{REPO}/src",  # where python -m finds fallback_matrix
         "user": user or "",
     }
 

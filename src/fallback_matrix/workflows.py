@@ -1,10 +1,11 @@
 """GitHub Actions workflows generated from matrix.yaml: data, filled in, rendered, written.
 
 Their jobs and steps are data (workflows.yaml); ``plan_workflows``, a pure function, fills
-them in and renders them as YAML, where a `Commented` value carries its end-of-line comment
-(an action's version, a zizmor ignore). Same matrix, same bytes: ``--check`` sees drift.
+them in as ruamel.yaml maps, which carry end-of-line comments (an action's version, a zizmor
+ignore), and renders them. Same matrix, same bytes: ``--check`` sees drift.
 """
 
+import io
 import string
 from collections.abc import Collection, Mapping, Sequence
 from operator import attrgetter
@@ -13,6 +14,9 @@ from typing import Any, NamedTuple
 
 import yaml
 from packaging.version import Version
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap
+from ruamel.yaml.scalarstring import LiteralScalarString
 
 from .matrix import Cell, LoadedMatrix, MatrixError, expand_cells
 from .wheelhouse import dependency_groups, wheelhouse_key, wheelhouse_name
@@ -28,13 +32,10 @@ CACHES = ("wheelhouse-cache", "compiler-cache")  # steps a release leaves out
 BUILD_OF = attrgetter("variant", "torch", "python", "cuda")  # a gpu cell tests this build's wheel
 # Third-party actions, pinned by the full commit SHA of a release: key -> (repo@SHA, version)
 ACTIONS = {key: (f"{repo}@{sha}", version) for key, (repo, sha, version) in DATA["actions"].items()}
-
-
-class Commented(NamedTuple):
-    """A value written with a comment at the end of its line."""
-
-    value: Any
-    comment: str
+DUMPER = YAML()
+DUMPER.indent(mapping=2, sequence=4, offset=2)
+DUMPER.width = 10_000  # no folded lines
+DUMPER.representer.ignore_aliases = lambda data: True  # a value used twice is written twice
 
 
 class CrossTest(NamedTuple):
@@ -64,25 +65,28 @@ def cross_tests(cells: Sequence[Cell]) -> list[CrossTest]:
 def fill(template: Any, values: Mapping[str, Any]) -> Any:
     """``template`` with its $names replaced from ``values`` (see workflows.yaml)."""
     if isinstance(template, str):
-        if template[:1] == "$" and template[1:] in values:
-            return values[template[1:]]
-        return string.Template(template).safe_substitute(values)
+        whole = template[:1] == "$" and template[1:] in values
+        text = values[template[1:]] if whole else string.Template(template).safe_substitute(values)
+        return LiteralScalarString(text) if isinstance(text, str) and "\n" in text else text
     if isinstance(template, list):
         return [
             fill(DATA["steps"].get(item, item) if isinstance(item, str) else item, values)
             for item in template
         ]
+    if isinstance(template, CommentedMap):  # filled already (the dist job's downloads)
+        return template
     if isinstance(template, dict):
-        filled = {key: fill(value, values) for key, value in template.items()}
+        filled = CommentedMap((key, fill(value, values)) for key, value in template.items())
         if isinstance(filled.get("uses"), str):
-            filled["uses"] = Commented(*ACTIONS[filled["uses"]])
+            filled["uses"], version = ACTIONS[filled["uses"]]
+            filled.yaml_add_eol_comment(version, "uses")
         return filled
     return template
 
 
 def workflow_job(
     kind: str, values: Mapping[str, Any], skip: Collection[str] = (), before: Sequence[Any] = ()
-) -> dict[str, Any]:
+) -> CommentedMap:
     """The GitHub job ``kind`` of workflows.yaml filled in (not a cell's ``job.Job``); steps in
     ``skip`` left out."""
     template = dict(DATA["jobs"][kind])
@@ -90,7 +94,8 @@ def workflow_job(
     template["steps"] = [*(DATA["setup"] if template.pop("setup", True) else []), *before, *steps]
     # the setup step's Pythons: the job's and the tooling's, the last being the default
     versions = "\n".join(dict.fromkeys([values["python"], DATA["tooling_python"]]))
-    return dict(fill(template, {**values, "versions": versions}))
+    job: CommentedMap = fill(template, {**values, "versions": versions})
+    return job
 
 
 def values_of(cell: Cell, groups: str) -> dict[str, Any]:
@@ -123,11 +128,10 @@ def cell_jobs(
                 f"{cell.python}) has no build cell to take its wheel from in the same workflow: "
                 "add a cell without gpu: true with the same variant, torch, python and cuda"
             )
-        labels: Any = list(cell.runner_labels)
-        if main_only and "self-hosted" in labels:  # pull requests cannot reach it: say so
-            labels = Commented(labels, DATA["self_hosted_justification"])
-        values = values_of(cell, groups) | {"source": source.name, "labels": labels}
-        jobs[f"gpu-{cell.name}"] = workflow_job("gpu", values)
+        values = values_of(cell, groups) | {"source": source.name}
+        jobs[f"gpu-{cell.name}"] = job = workflow_job("gpu", values)
+        if main_only and "self-hosted" in cell.runner_labels:  # pull requests cannot reach it
+            job.yaml_add_eol_comment(DATA["self_hosted_justification"], "runs-on")
     for cross in cross_tests(cells):
         values = values_of(cross.cuda.model_copy(update={"name": cross.name}), groups)
         values |= {"source": cross.cpu.name, "cuda": cross.cuda.name}
@@ -162,36 +166,12 @@ def workflow(matrix: LoadedMatrix, spec: Mapping[str, Any], groups: str) -> dict
     return dict(fill(DATA["workflow"], filled | {"jobs": jobs}))
 
 
-def _scalar(value: Any) -> str:
-    text: str = yaml.safe_dump(value, default_flow_style=True, width=10_000)
-    return text.removesuffix("\n").removesuffix("\n...").strip()
-
-
-def _lines(data: Any, indent: str) -> list[str]:
-    """YAML lines of plain data (mappings, lists, scalars), Commented values with comments."""
-    lines: list[str] = []
-    for key, value in data.items() if isinstance(data, dict) else enumerate(data):
-        comment = ""
-        if isinstance(value, Commented):
-            value, comment = value.value, f" # {value.comment}"
-        head = f"{indent}{_scalar(key)}:" if isinstance(data, dict) else f"{indent}-"
-        if isinstance(value, dict | list) and value:
-            nested = _lines(value, indent + "  ")
-            if isinstance(data, list) and isinstance(value, dict):  # "- key: value" on one line
-                lines += [f"{head} {nested[0].lstrip()}{comment}", *nested[1:]]
-            else:
-                lines += [head + comment, *nested]
-        elif isinstance(value, str) and "\n" in value:  # a literal block
-            lines += [f"{head} |{comment}", *(f"{indent}  {part}" for part in value.split("\n"))]
-        else:
-            lines.append(f"{head} {_scalar(value)}{comment}")
-    return lines
-
-
 def render(data: Mapping[str, Any], what: str = "") -> str:
     """The YAML text of a generated file, with the header that marks it as generated."""
     header = what or f"# Do not edit: change matrix.yaml, then run `{REGENERATE_COMMAND}`."
-    return f"{GENERATED_MARKER}\n{header}\n" + "\n".join(_lines(dict(data), "")) + "\n"
+    text = io.StringIO()
+    DUMPER.dump(dict(data), text)
+    return f"{GENERATED_MARKER}\n{header}\n{text.getvalue()}"
 
 
 def plan_workflows(matrix: LoadedMatrix, groups: str | None = None) -> dict[str, str]:

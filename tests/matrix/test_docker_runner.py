@@ -43,8 +43,10 @@ def work(matrix_data: dict[str, Any], repo_root: Path, tmp_path: Path) -> Job:
     spec = MatrixFile.model_validate(matrix_data)
     cell = expand_cells(spec)[0]
     matrix = LoadedMatrix(repo_root / "matrix.yaml", spec)
-    artifacts, wheelhouse = tmp_path / "artifacts" / "cpu", str(tmp_path / "wheelhouse")
-    return make_job(matrix, cell, tmp_path / "cache", artifacts, wheelhouse=wheelhouse)
+    artifacts, wheelhouse = tmp_path / "artifacts" / "cpu", tmp_path / "wheelhouse"
+    wheelhouse.mkdir()
+    (wheelhouse / "packaging-25.0-py3-none-any.whl").touch()
+    return make_job(matrix, cell, tmp_path / "cache", artifacts, wheelhouse=str(wheelhouse))
 
 
 def out_archive(files: dict[str, bytes]) -> Iterator[bytes]:
@@ -76,6 +78,15 @@ def fake_client(container: MagicMock) -> MagicMock:
     return client
 
 
+def test_the_job_imports_this_package_and_the_wheelhouses_packaging(work: Job) -> None:
+    _, plan = plan_container(work, "torch-fallback-build:abc")
+    wheel = "/wheelhouse/packaging-25.0-py3-none-any.whl"
+    assert plan["environment"]["PYTHONPATH"] == f"/src/src:{wheel}"
+    (Path(work.wheelhouse) / "packaging-25.0-py3-none-any.whl").unlink()
+    with pytest.raises(CellError, match="holds no packaging wheel"):
+        plan_container(work, "torch-fallback-build:abc")
+
+
 def test_plan_mounts_repo_and_wheelhouse_read_only(work: Job) -> None:
     _, plan = plan_container(work, "torch-fallback-build:abc", volume="cache-volume")
     mounts = {mount["Target"]: mount for mount in plan["mounts"]}
@@ -84,8 +95,6 @@ def test_plan_mounts_repo_and_wheelhouse_read_only(work: Job) -> None:
     assert mounts["/cache"]["Type"] == "volume" and mounts["/cache"]["Source"] == "cache-volume"
     assert not mounts["/cache"]["ReadOnly"]
     assert re.fullmatch(r"fallback-matrix-cpu-[0-9a-f]{8}", plan["name"])
-    # the job is the package's own module, found in the mounted src/ (working directory)
-    assert plan["working_dir"] == "/src/src"
     assert plan["command"] == [
         "python3",
         "-m",

@@ -22,7 +22,6 @@ JOB_FIELDS: dict[str, Any] = {
     "cuda": None,
     "test_paths": ["tests"],
     "test_markers": "not requires_cuda",
-    "allow_empty": False,
     "gpu": False,
     "sources": [],
     "repo": "/repo",

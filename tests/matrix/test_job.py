@@ -1,4 +1,4 @@
-"""The job: stdlib only at its top; strict about its job file, torch variant and sources."""
+"""The job: stdlib and packaging only; strict about its job file, torch variant and sources."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import fcntl
 import json
 import os
 import shutil
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -20,12 +21,11 @@ from fallback_matrix import report
 from fallback_matrix.job import (
     Job,
     StepFailed,
-    cuda_matches,
     locked,
     run_tests,
     sync_sources,
-    torch_matches,
     torch_pins,
+    verify_torch,
 )
 from fallback_matrix.report import Reporter
 
@@ -36,7 +36,6 @@ JOB = Job(
     cuda=None,
     test_paths=["tests"],
     test_markers="not requires_cuda",
-    allow_empty=False,
     gpu=False,
     sources=[],
     repo="/src",
@@ -49,8 +48,8 @@ JOB = Job(
 
 @pytest.mark.parametrize("module", [job_module, report])
 def test_what_a_cell_runs_first_needs_only_the_standard_library(module: Any) -> None:
-    """The job starts on an image's bare Python: it and the reporter it shares with the
-    host import nothing else (its version checks run later, in the cell's environment)."""
+    """The job starts on an image's bare Python: it and the reporter it shares with the host
+    import nothing else but packaging (from the wheelhouse's wheel, on its PYTHONPATH)."""
     tree = ast.parse(Path(module.__file__).read_text())
     imported = set()
     for node in tree.body:  # the module's own imports; a function may import from the cell
@@ -60,7 +59,8 @@ def test_what_a_cell_runs_first_needs_only_the_standard_library(module: Any) -> 
             assert node.level == 0, "the job runs as python -m: absolute imports"
             imported.add(node.module or "")
     third_party = {name for name in imported if name.split(".")[0] not in sys.stdlib_module_names}
-    assert third_party - {"__future__", "fallback_matrix.report"} == set()
+    allowed = {"__future__", "fallback_matrix.report", "packaging.metadata", "packaging.version"}
+    assert third_party - allowed == set()
 
 
 def test_job_round_trips_through_json() -> None:
@@ -110,11 +110,28 @@ def test_job_file_with_wrong_keys_is_refused(
     ],
 )
 def test_torch_variant_check(
-    job_changes: dict[str, Any], version: str, cuda: str | None, ok: bool
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    job_changes: dict[str, Any],
+    version: str,
+    cuda: str | None,
+    ok: bool,
 ) -> None:
     job = dataclasses.replace(JOB, **job_changes)
-    matches = torch_matches(job.torch, version) and cuda_matches(job.cuda, cuda)
-    assert matches is ok
+    torch_file = tmp_path / "torch" / "__init__.py"
+    (torch_file.parent / "lib").mkdir(parents=True)
+    (torch_file.parent / "lib" / "libc10.so").touch()
+    answer = json.dumps([version, cuda, str(torch_file)])
+    probe = subprocess.CompletedProcess([], 0, stdout=f"noise\n{answer}\n", stderr="")
+    monkeypatch.setattr(job_module, "capture", lambda *args, **kwargs: probe)
+    if ok:
+        info = verify_torch(job, {}, Reporter(cell="cpu"))
+        assert info == {"version": version, "cuda": cuda, "file": str(torch_file)} | {
+            "libraries": ["libc10.so"]
+        }
+    else:
+        with pytest.raises(StepFailed, match="WRONG TORCH"):
+            verify_torch(job, {}, Reporter(cell="cpu"))
 
 
 def job_for(tmp_path: Path, sources: list[str]) -> Job:
@@ -170,28 +187,18 @@ def test_unchanged_sources_are_not_rewritten(
     assert "0 file(s) copied, 1 unchanged" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("allow_empty", "passes"), [(True, True), (False, False)])
-def test_no_tests_collected_passes_only_when_allowed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, allow_empty: bool, passes: bool
-) -> None:
+def test_no_tests_collected_fails_the_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "repo" / "tests").mkdir(parents=True)
-    job = job_for(tmp_path, [])
-    job = dataclasses.replace(job, allow_empty=allow_empty)
     monkeypatch.setattr(job_module, "run", lambda *args, **kwargs: job_module.PYTEST_NO_TESTS)
-    if passes:
-        run_tests(job, {}, Reporter(cell="cpu"))
-    else:
-        with pytest.raises(
-            StepFailed, match=r"no test selected by -m 'not requires_cuda'.*allow_empty"
-        ):
-            run_tests(job, {}, Reporter(cell="cpu"))
+    with pytest.raises(StepFailed, match=r"no test selected by -m 'not requires_cuda'.*markers"):
+        run_tests(job_for(tmp_path, []), {})
 
 
 def test_failing_tests_fail_the_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "repo" / "tests").mkdir(parents=True)
     monkeypatch.setattr(job_module, "run", lambda *args, **kwargs: 1)
     with pytest.raises(StepFailed, match="pytest failed"):
-        run_tests(job_for(tmp_path, []), {}, Reporter(cell="cpu"))
+        run_tests(job_for(tmp_path, []), {})
 
 
 def test_gpu_cells_make_a_missing_gpu_fail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -199,7 +206,7 @@ def test_gpu_cells_make_a_missing_gpu_fail(tmp_path: Path, monkeypatch: pytest.M
     seen: dict[str, str] = {}
     monkeypatch.setattr(job_module, "run", lambda command, env, cwd=None: seen.update(env) or 0)
     job = job_for(tmp_path, [])
-    run_tests(dataclasses.replace(job, gpu=True), {}, Reporter(cell="cuda-gpu"))
+    run_tests(dataclasses.replace(job, gpu=True), {})
     assert seen["TORCH_FALLBACK_REQUIRE_GPU"] == "1"
 
 
@@ -210,7 +217,7 @@ def test_tests_run_outside_the_source_tree(tmp_path: Path, monkeypatch: pytest.M
         job_module, "run", lambda command, env, cwd=None: calls.append((list(command), cwd)) or 0
     )
     job = job_for(tmp_path, [])
-    run_tests(job, {}, Reporter(cell="cpu"))
+    run_tests(job, {})
     command, cwd = calls[0]
     assert cwd == job.test_cwd and not str(cwd).startswith(str(Path(job.repo)))
     assert "-p" in command and "no:cacheprovider" in command

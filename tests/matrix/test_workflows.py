@@ -177,7 +177,7 @@ def test_every_action_is_pinned_by_a_full_sha_with_its_version(
     for path in (repo_root / WORKFLOWS_DIR).glob("*.yml"):
         for line in path.read_text(encoding="utf-8").splitlines():
             if "uses:" in line:
-                assert re.search(r"@[0-9a-f]{40} # v\d+\.\d+\.\d+$", line), line
+                assert re.search(r"@[0-9a-f]{40} +# v\d+\.\d+\.\d+$", line), line
 
 
 def test_least_privilege_and_concurrency(every_workflow: dict[str, dict[str, Any]]) -> None:
