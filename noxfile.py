@@ -2,6 +2,7 @@
 # requires-python = ">=3.11"
 # dependencies = [
 #   "nox>=2025.2.9", "fallback-matrix @ file:./src/fallback_matrix", "pytest>=8", "hypothesis>=6",
+#   "pyyaml>=6",
 # ]
 # ///
 """nox sessions of torch-fallback: thin wrappers over fallback_matrix.

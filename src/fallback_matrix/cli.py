@@ -19,9 +19,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import yaml
 from packaging.utils import parse_wheel_filename
 from rich.table import Table
+from ruamel.yaml import YAML
 
 from . import matrix, runners, summary
 from .job import Job, pytest_command
@@ -365,7 +365,7 @@ def cmd_clean(c: Context) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    table = yaml.safe_load(Path(__file__).with_name("cli.yaml").read_text(encoding="utf-8"))
+    table = YAML(typ="safe").load(Path(__file__).with_name("cli.yaml"))
     parser = argparse.ArgumentParser(prog="python -m fallback_matrix", description=__doc__)
     parser.add_argument("--matrix", metavar="PATH", help="default: matrix.yaml here or above")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -1,6 +1,6 @@
 """The job of one cell, where it runs: in the cell's container, or on the host.
 
-It runs on the image's bare Python as ``python3 -m fallback_matrix.job JOB.json``, with the
+It runs on the image's bare Python as ``python3 -m fallback_matrix.job JOB_JSON``, with the
 package and the wheelhouse's ``packaging`` wheel on PYTHONPATH (``runners.job_pythonpath``):
 the standard library, ``packaging`` and ``report`` are all it imports.
 """
@@ -415,12 +415,12 @@ def torch_pins(wheel: Path) -> list[str]:
 
 def main(argv: Sequence[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m fallback_matrix.job JOB.json")
+        print("usage: python -m fallback_matrix.job JOB_JSON")
         return 2
     try:
-        job = Job(**json.loads(Path(argv[0]).read_text(encoding="utf-8")))
-    except (OSError, ValueError, TypeError) as error:  # TypeError: a missing or unknown key
-        print(f"cannot read the job file {argv[0]}: {error}", file=sys.stderr)
+        job = Job(**json.loads(argv[0]))
+    except (ValueError, TypeError) as error:  # TypeError: a missing or unknown key
+        print(f"cannot read the job {argv[0][:200]}: {error}", file=sys.stderr)
         return 2
     print(f"cell {job.cell}: python {sys.version.split()[0]} at {sys.executable}", flush=True)
     return run_steps(job)

@@ -9,8 +9,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple, cast, get_args
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from ruamel.yaml import YAML
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 MATRIX_FILE_NAME = "matrix.yaml"
 VariantName = Literal["cpu", "cuda"]
@@ -142,23 +143,6 @@ class LoadedMatrix(NamedTuple):
         return self.file.parent
 
 
-def _index_lines(node: yaml.Node, path: KeyPath, lines: dict[KeyPath, int]) -> None:
-    """The line of every key path; a key repeated in one mapping is an error."""
-    lines[path] = node.start_mark.line + 1
-    if isinstance(node, yaml.MappingNode):
-        seen: dict[str, int] = {}
-        for key_node, value_node in node.value:
-            key, line = str(key_node.value), key_node.start_mark.line + 1
-            if key in seen:
-                message = f"key {key!r} appears twice (lines {seen[key]} and {line}); keep one"
-                raise yaml.MarkedYAMLError(problem=message, problem_mark=key_node.start_mark)
-            _index_lines(value_node, (*path, key), lines)
-            lines[(*path, key)] = seen[key] = line
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            _index_lines(item, (*path, index), lines)
-
-
 def format_key_path(path: Iterable[str | int]) -> str:
     """("cells", 1, "torch") -> "cells[1].torch"."""
     parts = (f"[{part}]" if isinstance(part, int) else f".{part}" for part in path)
@@ -178,28 +162,32 @@ def load_matrix(file: Path) -> LoadedMatrix:
     file = file.resolve()
     if not file.is_file():
         raise MatrixFileError(file, [Problem("", "file not found; pass --matrix PATH")])
-    lines: dict[KeyPath, int] = {}
-    try:
-        loader = yaml.SafeLoader(file.read_text(encoding="utf-8"))
-        node = loader.get_single_node()
-        if node is not None:
-            _index_lines(node, (), lines)
-        data = loader.construct_document(node) if node is not None else None
-    except yaml.MarkedYAMLError as error:
+    try:  # the round-trip loader keeps the line of every key and refuses repeated keys
+        data = YAML().load(file.read_text(encoding="utf-8"))
+    except MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
         line = mark.line + 1 if mark is not None else None
         column = f", column {mark.column + 1}" if mark is not None else ""
         message = f"invalid YAML{column}: {error.problem or error.context or 'invalid YAML'}"
         raise MatrixFileError(file, [Problem("", message, line)]) from None
-    except (yaml.YAMLError, OSError, UnicodeDecodeError) as error:
+    except (YAMLError, OSError, UnicodeDecodeError) as error:
         raise MatrixFileError(file, [Problem("", f"cannot be read: {error}")]) from None
 
     def problem(loc: KeyPath, message: str) -> Problem:  # at the line of its nearest key
-        known = [lines[loc[:end]] for end in range(len(loc) + 1) if loc[:end] in lines]
-        return Problem(format_key_path(loc), message, known[-1] if known else None)
+        node, line = data, None
+        for key in loc:
+            if isinstance(node, dict) and key in node:
+                line = node.lc.key(key)[0] + 1
+            elif isinstance(node, list) and isinstance(key, int) and key < len(node):
+                line = node.lc.item(key)[0] + 1
+            else:
+                break
+            node = node[key]
+        return Problem(format_key_path(loc), message, line)
 
     if not isinstance(data, dict):
-        kind = "empty" if data is None else f"a {type(data).__name__}"
+        kind = f"a {'list' if isinstance(data, list) else type(data).__name__}"
+        kind = "empty" if data is None else kind
         raise MatrixFileError(file, [problem((), f"expected a mapping at the top, got {kind}")])
     try:
         spec = MatrixFile.model_validate(data)

@@ -18,7 +18,7 @@ import sys
 import tarfile
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Literal
 
 from docker.types import DeviceRequest, Mount
@@ -36,9 +36,8 @@ CELL_LABEL = "org.torch-fallback.matrix.cell"
 CACHE_VOLUME = "torch-fallback-matrix-cache"
 DOCKER_CACHE_ENV = "FALLBACK_MATRIX_DOCKER_CACHE"  # a host directory instead of the volume
 IMAGE_UID = 1000  # the image's user (docker/Dockerfile)
-# Where the job sees things in the container; the job file goes to /tmp before it starts.
+# Where the job sees things in the container
 REPO, WHEELHOUSE, CACHE, WORK, ARTIFACTS = "/src", "/wheelhouse", "/cache", "/tmp/cell-work", "/out"
-JOB_FILE = PurePosixPath("/tmp/fallback-matrix-job.json")
 
 # nox logs at debug level; the SDK's HTTP chatter would drown the cell's own log.
 for _chatty in ("urllib3", "docker"):
@@ -102,14 +101,12 @@ class LocalRunner:
     def run(self, job: Job, log: Reporter) -> tuple[int, str]:
         python = find_python(job.python)
         shutil.rmtree(job.work, ignore_errors=True)
-        Path(job.work).mkdir(parents=True)
-        job_file = Path(job.work) / "job.json"
-        job_file.write_text(job.to_json(), encoding="utf-8")
         if job.gpus:
             log.say("warning: --gpus has no effect with the local runner: the job sees the GPUs")
         env = dict(os.environ, PYTHONPATH=job_pythonpath(job, job.repo, job.wheelhouse))
         log.say(f"runner local: {python} -m fallback_matrix.job (cache {job.cache})")
-        status = run_process([python, "-m", "fallback_matrix.job", job_file], log.line, env=env)
+        command = [python, "-m", "fallback_matrix.job", job.to_json()]
+        status = run_process(command, log.line, env=env)
         return status, f"local Python {python}"
 
 
@@ -189,7 +186,7 @@ def plan_container(
     gpus = [DeviceRequest(count=-1, capabilities=[["gpu"]])] if job.gpus or job.gpu else None
     return inside, {
         "image": image,
-        "command": ["python3", "-m", "fallback_matrix.job", str(JOB_FILE)],
+        "command": ["python3", "-m", "fallback_matrix.job", inside.to_json()],
         "name": f"fallback-matrix-{job.cell}-{uuid.uuid4().hex[:8]}",
         "labels": {LABEL: "1", CELL_LABEL: job.cell},
         "environment": environment,
@@ -231,12 +228,6 @@ def run_container(
     container = client.containers.create(**create)
     try:
         log.say(f"container {create['name']} from image {create['image']}")
-        payload, archive = job.to_json().encode(), io.BytesIO()
-        with tarfile.open(fileobj=archive, mode="w") as tar:  # the job file, before it starts
-            info = tarfile.TarInfo(JOB_FILE.name)
-            info.size, info.mode = len(payload), 0o644
-            tar.addfile(info, io.BytesIO(payload))
-        container.put_archive(str(JOB_FILE.parent), archive.getvalue())
         try:
             container.start()
         except docker.errors.APIError as error:

@@ -12,7 +12,6 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import yaml
 from packaging.version import Version
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
@@ -21,9 +20,7 @@ from ruamel.yaml.scalarstring import LiteralScalarString
 from .matrix import Cell, LoadedMatrix, MatrixError, expand_cells
 from .wheelhouse import dependency_groups, wheelhouse_key, wheelhouse_name
 
-DATA: dict[str, Any] = yaml.safe_load(
-    Path(__file__).with_name("workflows.yaml").read_text(encoding="utf-8")
-)
+DATA: dict[str, Any] = YAML(typ="safe").load(Path(__file__).with_name("workflows.yaml"))
 WORKFLOWS_DIR = Path(".github") / "workflows"
 ACTIONLINT_CONFIG = ".github/actionlint.yaml"
 REGENERATE_COMMAND = "python -m fallback_matrix workflows"
