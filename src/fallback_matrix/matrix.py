@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal, NamedTuple, cast, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 MATRIX_FILE_NAME = "matrix.yaml"
@@ -176,9 +177,9 @@ def load_matrix(file: Path) -> LoadedMatrix:
     def problem(loc: KeyPath, message: str) -> Problem:  # at the line of its nearest key
         node, line = data, None
         for key in loc:
-            if isinstance(node, dict) and key in node:
+            if isinstance(node, CommentedMap) and key in node:
                 line = node.lc.key(key)[0] + 1
-            elif isinstance(node, list) and isinstance(key, int) and key < len(node):
+            elif isinstance(node, CommentedSeq) and isinstance(key, int) and key < len(node):
                 line = node.lc.item(key)[0] + 1
             else:
                 break
