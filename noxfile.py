@@ -2,7 +2,7 @@
 # requires-python = ">=3.11"
 # dependencies = [
 #   "nox>=2025.2.9", "fallback-matrix @ file:./src/fallback_matrix", "pytest>=8", "hypothesis>=6",
-#   "pyyaml>=6",
+#   "pyyaml>=6", "pypiserver>=2", "twine>=5",
 # ]
 # ///
 """nox sessions of torch-fallback: thin wrappers over fallback_matrix.
@@ -117,11 +117,10 @@ def clean(session: nox.Session) -> None:
     _call(session, "clean")
 
 
-@nox.session(name="publish-local")
+@nox.session(name="publish-local", python=False)
 def publish_local(session: nox.Session) -> None:
     """twine upload the built wheels to a local pypiserver; a fresh container installs from it."""
-    session.install("pypiserver>=2", "twine>=5")
-    _call(session, "publish-local", "--tools", session.bin)
+    _call(session, "publish-local")
 
 
 @nox.session(python=False)

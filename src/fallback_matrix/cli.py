@@ -9,15 +9,15 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
+import threading
 import time
-import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from wsgiref.simple_server import make_server
 
 from packaging.utils import parse_wheel_filename
 from rich.table import Table
@@ -47,17 +47,13 @@ def cache_root(repo: Path) -> Path:
 
 
 def source_files(repo: Path) -> list[str]:
-    """The files a build needs: git's tracked and untracked-but-not-ignored files, else a walk."""
+    """The files a build needs: git's tracked and untracked-but-not-ignored files."""
     git = ["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard"]
     try:
         names = subprocess.run(git, capture_output=True, check=True).stdout.decode().split("\0")
     except (OSError, subprocess.CalledProcessError):
-        skipped = {".git", ".cache", ".nox", ".venv", "artifacts", "build", "dist", "__pycache__"}
-        names = []
-        for directory, subdirs, files in os.walk(repo):
-            subdirs[:] = [d for d in subdirs if d not in skipped and not d.endswith(".egg-info")]
-            base = Path(directory).relative_to(repo)
-            names += [str(base / name) for name in files if not name.endswith((".so", ".pyc"))]
+        message = "git ls-files failed there: a build takes the files git tracks; clone the repo"
+        raise MatrixError(f"{repo} is not a git checkout ({message})") from None
     return sorted(name for name in set(names) if name and (repo / name).is_file())
 
 
@@ -161,35 +157,21 @@ def collect_dist(artifacts: Path, cells: Sequence[Cell], out: Path, tag: str | N
 
 
 @contextmanager
-def local_index(tools: Path, directory: Path, log: Reporter) -> Iterator[str]:
-    """A pypiserver serving ``directory`` on 127.0.0.1 (uploads without a password): its URL."""
-    server = tools / "pypi-server"
-    if not server.is_file():
-        raise MatrixError(f"{server} not found: pip install pypiserver (nox -s publish-local)")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    command = [str(server), "run", "-p", str(port), "-i", "127.0.0.1", "-a", ".", "-P", "."]
-    command += ["--disable-fallback", str(directory)]
+def local_index(directory: Path, log: Reporter) -> Iterator[str]:
+    """A pypiserver in this process, serving ``directory`` on 127.0.0.1 (uploads without a
+    password): its URL."""
+    import pypiserver  # type: ignore[import-untyped]  # only this command needs it
+
     directory.mkdir(parents=True, exist_ok=True)
-    log.say(f"local index: {' '.join(command)}")
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    options = {"authenticate": [], "password_file": ".", "disable_fallback": True}
+    server = make_server("127.0.0.1", 0, pypiserver.app(roots=[str(directory)], **options))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    log.say(f"local index: pypiserver {pypiserver.__version__} serving {directory} at {url}/")
     try:
-        deadline = time.monotonic() + 30
-        while process.poll() is None and time.monotonic() < deadline:
-            try:
-                urllib.request.urlopen(f"{url}/simple/", timeout=2).close()
-                break
-            except OSError:
-                time.sleep(0.3)
-        else:
-            raise MatrixError(f"pypiserver did not answer at {url} within 30 s")
-        log.say(f"local index: answering at {url}/simple/")
         yield url
     finally:
-        process.terminate()
-        process.wait(timeout=10)
+        server.shutdown()
 
 
 class Context:
@@ -310,11 +292,12 @@ def cmd_publish_local(c: Context) -> int:
     shutil.rmtree(packages, ignore_errors=True)
     with (
         c.reporter.for_cell("publish", c.artifacts / "publish-local" / "publish.log") as log,
-        local_index(Path(c.args.tools), packages, log) as url,
+        local_index(packages, log) as url,
     ):
         log.say(f"twine upload of {len(wheels)} wheel(s) to {url}/")
-        twine = [f"{c.args.tools}/twine", "upload", "--non-interactive", "-u", "ci", "-p", "ci"]
-        if run_process([*twine, "--repository-url", f"{url}/", *map(str, wheels)], log.line):
+        twine = [sys.executable, "-m", "twine", "upload", "--non-interactive", "-u", "ci"]
+        upload = [*twine, "-p", "ci", "--repository-url", f"{url}/", *map(str, wheels)]
+        if run_process(upload, log.line):
             raise MatrixError(f"twine upload to {url} failed; see above")
         log.say(f"local index now serves: {', '.join(sorted(p.name for p in packages.iterdir()))}")
         requirement = f"torch-fallback=={version}"

@@ -35,7 +35,7 @@ PLAIN_VERSION_ENV = "TORCH_FALLBACK_PLAIN_VERSION"  # setup.py: no local version
 TORCH_LIBRARY_PATTERNS = ("libtorch*.so*", "libc10*.so*", "libshm*.so*")
 CCACHE_WRAPPERS = Path("/usr/lib/ccache")
 PYTEST_NO_TESTS = 5
-TORCH_PROBE = "import json, torch as t; print(json.dumps([t.__version__, t.version.cuda, t.__file__]))"
+TORCH_PROBE = "import json,torch as t; print(json.dumps((t.__version__,t.version.cuda,t.__file__)))"
 Command = Sequence[str | Path]
 
 

@@ -82,9 +82,9 @@ class Reporter:
 
 
 def without_pip_config(environ: Mapping[str, str]) -> dict[str, str]:
-    """``environ`` with no pip configuration: no PIP_* variable, no config file read (``pip
-    --isolated`` would still read the site-wide ones: a find-links folder, a constraint file)."""
-    env = {key: value for key, value in environ.items() if not key.startswith("PIP_")}
+    """``environ`` with no pip configuration but its CA bundle: no other PIP_* variable, no config
+    file read (``pip --isolated`` would still read a site-wide find-links folder or constraint)."""
+    env = {key: value for key, value in environ.items() if key == "PIP_CERT" or key[:4] != "PIP_"}
     return env | {"PIP_CONFIG_FILE": os.devnull}
 
 

@@ -71,18 +71,6 @@ def wheelhouse_name(cell: Cell, groups: str) -> str:
     return f"torch-{cell.torch.replace('+', '-')}-py{cell.python}-{wheelhouse_key(cell, groups)}"
 
 
-def pip_cert(environ: Mapping[str, str]) -> str | None:
-    """The CA bundle pip is configured with (PIP_CERT, else pip's config), if any."""
-    for key in ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE"):
-        if environ.get(key):
-            return environ[key]
-    for line in capture([sys.executable, "-m", "pip", "config", "list"]).stdout.splitlines():
-        key, _, value = line.partition("=")
-        if key.endswith(".cert") and value.strip("'\""):
-            return value.strip("'\"")
-    return None
-
-
 def download_python(version: str, cache_root: Path, log: Reporter) -> str:
     """A venv of Python ``version`` with pip >= 25.1 (``--group``) to run pip download for a
     cell with: pip evaluates dependency markers (``tomli; python_version < "3.11"``) for the
@@ -119,8 +107,7 @@ def ensure_wheelhouse(cell: Cell, pyproject: Path, cache: Path, log: Reporter) -
     try:
         if (unreachable := probe_index(index_url)) is None:
             log.say(f"wheelhouse: {torch} from {index_url} (no pip configuration)")
-            cert = ["--cert", cert] if (cert := pip_cert(os.environ)) else []
-            command = [*pip, *cert, "--index-url", index_url, torch]
+            command = [*pip, "--index-url", index_url, torch]
             status = run_process(command, log.line, env=without_pip_config(os.environ))
         else:
             log.say(f"index {index_url} unreachable ({unreachable}); using pip's own configuration")

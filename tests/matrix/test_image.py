@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,7 @@ import pytest
 
 from fallback_matrix.cli import make_job
 from fallback_matrix.job import Job
-from fallback_matrix.matrix import CellError, LoadedMatrix, MatrixFile, expand_cells
+from fallback_matrix.matrix import CellError, LoadedMatrix, MatrixError, MatrixFile, expand_cells
 from fallback_matrix.runners import LABEL, plan_image
 
 BASE = "python:3.11-slim-bookworm"
@@ -88,7 +89,13 @@ def test_plan_uses_the_cell_base_as_build_arg(repo_root: Path, matrix_data: dict
     assert plan_cpu["labels"] == {LABEL: "image"}  # `clean --caches` finds it
 
 
+def test_a_job_needs_a_git_checkout(tmp_path: Path, matrix_data: dict[str, Any]) -> None:
+    with pytest.raises(MatrixError, match=r"is not a git checkout.*clone the repo"):
+        jobs_of(matrix_data, tmp_path)
+
+
 def test_plan_names_a_missing_dockerfile(tmp_path: Path, matrix_data: dict[str, Any]) -> None:
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     job = jobs_of(matrix_data, tmp_path)[0]
     with pytest.raises(CellError, match=r"cell cpu: Dockerfile .* not found"):
         plan_image(tmp_path, job)
