@@ -9,18 +9,16 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlparse
 
 import tomllib
 from packaging.utils import parse_wheel_filename
 
-from .job import GROUPS, PIP_WITH_GROUPS, capture, torch_matches
+from .job import GROUPS, PIP_WITH_GROUPS, torch_matches
 from .matrix import Cell, CellError
 from .report import Reporter, run_process, without_pip_config
 from .runners import find_python
