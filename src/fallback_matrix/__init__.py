@@ -3,21 +3,18 @@
 matrix.yaml, at the repository root, is the one source of truth. One name per concept:
 
 matrix      the validated matrix.yaml (``matrix.LoadedMatrix``; its schema ``matrix.MatrixFile``)
-cell        one entry of the matrix with the defaults applied (``matrix.Cell``): a torch
-            variant (``cpu`` or ``cuda``) and version on one Python, built and tested in one image
+cell        one entry of the matrix, defaults applied (``matrix.Cell``): a torch variant (cpu or
+            cuda) and version on one Python, built and tested in one image
 wheelhouse  every wheel a cell installs, downloaded once on the host (``wheelhouse``)
-job         what a runner runs for one cell (``job.Job``, the same JSON on the host and in the
-            container); its steps (environment, verify torch, ..., example) are timed, recorded
-runner      where a job runs (``runners``): ``docker`` (the cell's image), ``local`` (a host
-            Python) or ``auto`` (docker when a daemon answers)
+job         what a runner runs for one cell (``job.Job``, passed as JSON; in a container, on its
+            bare Python with the wheelhouse's packaging): timed steps, environment to example
+runner      where a job runs (``runners``): docker (the cell's image), local (a host Python),
+            auto (docker when a daemon answers)
 reporter    progress and subprocess lines on the terminal and in the cell's log (``report``)
 result      ``artifacts/<cell>/``: the wheel, junit.xml, auditwheel.txt, cell.log, result.json
-summary     the table of results, one row per cell and per example (``summary``)
+summary     the table of results, a row per cell and per example (``summary``)
 example     the third-party backend every job builds and tests against the wheel
 gpu test    a ``gpu: true`` cell: the wheel of the build cell with the same torch, on a GPU
 cross test  the wheel of a cpu cell on the CUDA build of the same torch release
 workflow    a GitHub workflow generated from the matrix (``workflows``, from workflows.yaml)
-
-The job runs inside a container on the image's bare Python: ``job`` and ``report``
-import only the standard library at the top.
 """

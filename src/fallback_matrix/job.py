@@ -1,8 +1,5 @@
-"""The job of one cell, where it runs: in the cell's container, or on the host.
-
-It runs on the image's bare Python as ``python3 -m fallback_matrix.job JOB_JSON``, with the
-package and the wheelhouse's ``packaging`` wheel on PYTHONPATH (``runners.job_pythonpath``):
-the standard library, ``packaging`` and ``report`` are all it imports.
+"""The job of one cell, in its container or on the host: ``python3 -m fallback_matrix.job JSON``
+on a bare Python, this package and the wheelhouse's packaging wheel on its PYTHONPATH.
 """
 
 import fcntl
@@ -351,7 +348,7 @@ def run_steps(job: Job) -> int:
     build, artifacts, wheel = env, Path(job.artifacts), None
     Path(job.work).mkdir(parents=True, exist_ok=True)
     artifacts.mkdir(parents=True, exist_ok=True)
-    os.chdir(job.work)  # started from the (read-only) package source; work elsewhere
+    os.chdir(job.work)
     try:
         with report.step("environment", STEPS):
             base = create_envs(job, env, report)

@@ -1,8 +1,6 @@
-"""matrix.yaml: its schema, loading with located errors, and its expansion into cells.
-
-Every problem of the file (YAML, a repeated key, the schema, references between keys) names
-the file, the line and the key path (``cells[1].torch``); all end up in one MatrixFileError.
-"""
+"""matrix.yaml: its schema, loading with located errors, and its expansion into cells. Every
+problem (YAML, a repeated key, the schema, references between keys) names the file, the line and
+the key path (``cells[1].torch``); all end up in one MatrixFileError."""
 
 import difflib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -54,13 +52,8 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-CellName = Annotated[
-    str,
-    Field(
-        pattern=r"^[a-z0-9]+(-[a-z0-9]+)*$",
-        description='a cell name: lowercase letters, digits and single dashes, e.g. "cuda-gpu"',
-    ),
-]
+CELL_NAME = 'a cell name: lowercase letters, digits and single dashes, e.g. "cuda-gpu"'
+CellName = Annotated[str, Field(pattern=r"^[a-z0-9]+(-[a-z0-9]+)*$", description=CELL_NAME)]
 PythonVersion = Annotated[
     str, Field(pattern=r"^3\.[0-9]{1,2}$", description='a Python version "3.X" as a quoted string')
 ]

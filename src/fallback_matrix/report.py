@@ -1,16 +1,14 @@
-"""Progress lines and subprocesses: one implementation for the host and for a cell's job.
-
-Standard library only (a job runs on an image's bare Python); rich only in ``Reporter.table``.
-"""
+"""Progress lines and subprocesses, for the host and a cell's job: the standard library only
+(a job runs on an image's bare Python), rich only in ``Reporter.table``."""
 
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from subprocess import DEVNULL, PIPE, STDOUT, Popen
 from typing import IO, Any
 
 RESULT_FILE = "result.json"  # artifacts/<cell>/result.json: the job's steps and the host's record
@@ -25,8 +23,8 @@ def format_elapsed(seconds: float) -> str:
 
 @dataclass
 class Reporter:
-    """Lines stamped with the time since the start (and the cell, when there is one),
-    also written to the cell's log when it has one; ``steps`` records the job's steps."""
+    """Lines stamped with the time since the start (and the cell), copied to the cell's log
+    when it has one; ``steps`` records the job's steps."""
 
     stream: IO[str] = field(default_factory=lambda: sys.stdout)
     cell: str = ""
@@ -90,15 +88,8 @@ def without_pip_config(environ: Mapping[str, str]) -> dict[str, str]:
 
 def run_process(command: Sequence[str | Path], sink: Callable[[str], None], **popen: Any) -> int:
     """Run ``command``, stderr merged into stdout, each line to ``sink``; its exit status."""
-    with subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        errors="replace",
-        bufsize=1,
-        **popen,
+    with Popen(
+        command, stdout=PIPE, stderr=STDOUT, stdin=DEVNULL, text=True, errors="replace", **popen
     ) as process:
         assert process.stdout is not None
         try:

@@ -1,9 +1,8 @@
 """Runners run a cell's job: ``docker`` in the cell's build image, ``local`` with a host Python.
 
-Docker: the repository and wheelhouse are mounted read-only, the caches live in a named volume
-or a host directory ($FALLBACK_MATRIX_DOCKER_CACHE: the job runs as its owner), the artifacts
-are copied out at the end. Containers carry a label (``clean`` finds leftovers) and are always
-removed. The image's tag hashes its build context and args: an unchanged one is reused.
+Docker: repository and wheelhouse mounted read-only, caches in a named volume or a host directory
+($FALLBACK_MATRIX_DOCKER_CACHE: the job runs as its owner), artifacts copied out at the end;
+labelled containers (``clean`` finds leftovers), always removed; images tagged by a hash.
 """
 
 import dataclasses
@@ -153,9 +152,8 @@ def ensure_image(client: DockerClient, build: Mapping[str, Any], log: Reporter) 
 def container_user(
     cache: str, repo: str, stat: Callable[[str], os.stat_result] = os.stat
 ) -> str | None:
-    """The uid:gid the job runs as: the owner's of ``cache`` when that is a host directory;
-    for a named volume, or a directory of root's (``DockerRunner`` gives it to him), None:
-    the image's user. That user must be able to read the checkout ``repo``."""
+    """The uid:gid the job runs as: the owner's of ``cache`` if a host directory not root's
+    (``DockerRunner`` gives those to the image's user), else None: the image's user."""
     owner = stat(cache) if cache[:1] == "/" else None
     user = f"{owner.st_uid}:{owner.st_gid}" if owner and owner.st_uid != 0 else None
     uid = owner.st_uid if owner and user else IMAGE_UID

@@ -1,6 +1,4 @@
-"""The summary: a table of cells x build and test results, from ``artifacts/<cell>/``; the
-example a cell builds against its wheel (``<cell>/example/``) is a row of its own.
-"""
+"""The summary: a row of build and test results per cell and per example, from artifacts/."""
 
 import json
 import xml.etree.ElementTree as ET
@@ -13,6 +11,7 @@ from rich.table import Table
 from .report import JUNIT_FILE, RESULT_FILE, format_elapsed
 
 HEADERS = ["cell", "runner", "build", "passed", "failed", "skipped", "time", "result"]
+NUMERIC = ("passed", "failed", "skipped", "time")
 
 
 class JUnitCounts(NamedTuple):
@@ -85,8 +84,7 @@ def _cells(row: CellRow) -> list[str]:
 def render_table(rows: Sequence[CellRow], title: str = "matrix") -> Table:
     table = Table(title=title)
     for header in HEADERS:
-        numeric = header in ("passed", "failed", "skipped", "time")
-        table.add_column(header, justify="right" if numeric else "left")
+        table.add_column(header, justify="right" if header in NUMERIC else "left")
     for row in rows:
         table.add_row(*_cells(row), style="green" if row.result == "passed" else "red")
     return table

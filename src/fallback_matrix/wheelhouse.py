@@ -1,9 +1,7 @@
-"""Wheelhouses: every wheel a cell installs, downloaded once on the host, for a container to
-install offline from a read-only mount. Named after what it holds, never after the cell (cells
-that install the same share one; CI caches it once); filled in a temporary directory, renamed
-into place when complete. torch comes from the variant's index with none of the machine's pip
-configuration (a find-links folder must not swap the build), unless that index does not answer.
-"""
+"""Wheelhouses: every wheel a cell installs, downloaded on the host for offline installs. Named
+after what it holds (cells that install the same share one); filled aside, renamed when complete.
+torch comes from the variant's index with none of the machine's pip configuration (a find-links
+folder must not swap the build), unless that index does not answer."""
 
 import hashlib
 import json
@@ -18,7 +16,7 @@ from urllib.parse import urlparse
 import tomllib
 from packaging.utils import parse_wheel_filename
 
-from .job import GROUPS, PIP_WITH_GROUPS, torch_matches
+from .job import GROUPS, PIP_WITH_GROUPS
 from .matrix import Cell, CellError
 from .report import Reporter, run_process, without_pip_config
 from .runners import find_python
@@ -70,9 +68,8 @@ def wheelhouse_name(cell: Cell, groups: str) -> str:
 
 
 def download_python(version: str, cache_root: Path, log: Reporter) -> str:
-    """A venv of Python ``version`` with pip >= 25.1 (``--group``) to run pip download for a
-    cell with: pip evaluates dependency markers (``tomli; python_version < "3.11"``) for the
-    Python it runs on, whatever --python-version says."""
+    """A venv of Python ``version`` with pip >= 25.1 (``--group``) for a cell's pip download:
+    pip evaluates markers (``python_version < "3.11"``) for the Python it runs on."""
     venv = cache_root / "pip" / f"py{version}"
     python = venv / "bin" / "python"
     if not (venv / ".complete").is_file():
@@ -136,18 +133,12 @@ def ensure_wheelhouse(cell: Cell, pyproject: Path, cache: Path, log: Reporter) -
 
 
 def downloaded_torch(cell: Cell, staging: Path) -> str:
-    """The one torch wheel pip downloaded, checked to be the release and variant pinned."""
+    """The one torch wheel pip downloaded (for ``torch==PIN``: the release pinned), checked to
+    be of the cell's variant: a CUDA cell's pin without a label also matches ``+cpu``."""
     found = sorted(path.name for path in staging.glob("torch-*.whl"))
     if len(found) != 1:
         raise CellError(f"cell {cell.name}: pip downloaded {found}, not one torch wheel")
-    got = parse_wheel_filename(found[0])[1]
-    if not torch_matches(cell.torch, str(got)):
-        raise CellError(
-            f"cell {cell.name}: pip downloaded {found[0]} for torch=={cell.torch}: wanted version "
-            f"{cell.torch}, got {got}. Check the index it used (above) and pip's configuration "
-            "(pip config list)"
-        )
-    if cell.variant == "cuda" and (got.local or "").startswith("cpu"):
+    if cell.variant == "cuda" and (parse_wheel_filename(found[0])[1].local or "").startswith("cpu"):
         raise CellError(
             f"cell {cell.name}: pip downloaded {found[0]}, a CPU-only build, for a CUDA cell: a "
             "find-links folder or index of this machine offers it first. Point the cuda "

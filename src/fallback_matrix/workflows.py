@@ -1,8 +1,6 @@
-"""GitHub Actions workflows generated from matrix.yaml: data, filled in, rendered, written.
-
-Their jobs and steps are data (workflows.yaml); ``plan_workflows``, a pure function, fills
-them in as ruamel.yaml maps, which carry end-of-line comments (an action's version, a zizmor
-ignore), and renders them. Same matrix, same bytes: ``--check`` sees drift.
+"""GitHub Actions workflows from matrix.yaml: their jobs and steps are data (workflows.yaml);
+``plan_workflows``, a pure function, fills them in as ruamel.yaml maps, whose end-of-line comments
+(an action's version, a zizmor ignore) it renders. Same matrix, same bytes: ``--check`` sees drift.
 """
 
 import io
@@ -96,14 +94,9 @@ def workflow_job(
 
 
 def values_of(cell: Cell, groups: str) -> dict[str, Any]:
-    return {
-        "cell": cell.name,
-        "torch": cell.torch,
-        "python": cell.python,
-        "labels": list(cell.runner_labels),
-        "wheelhouse": wheelhouse_name(cell, groups),
-        "key": wheelhouse_key(cell, groups),
-    }
+    wheelhouse = {"wheelhouse": wheelhouse_name(cell, groups), "key": wheelhouse_key(cell, groups)}
+    labels = {"labels": list(cell.runner_labels)}
+    return {"cell": cell.name, "torch": cell.torch, "python": cell.python} | labels | wheelhouse
 
 
 def cell_jobs(
