@@ -26,8 +26,6 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
 from sweep import report
 from sweep.pool import Pool
 from sweep.samples import DTYPES, PHASES

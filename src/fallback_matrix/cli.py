@@ -155,7 +155,7 @@ def collect_dist(artifacts: Path, cells: Sequence[Cell], out: Path, tag: str | N
 @contextmanager
 def local_index(directory: Path, log: Reporter) -> Iterator[str]:
     """A pypiserver in this process serving ``directory`` on 127.0.0.1, no password: its URL."""
-    import pypiserver  # type: ignore[import-untyped]  # only this command needs it
+    import pypiserver  # only this command needs it
 
     directory.mkdir(parents=True, exist_ok=True)
     options = {"authenticate": [], "password_file": ".", "disable_fallback": True}

@@ -29,13 +29,9 @@ OPS = ["add", "sin", "cat", "nn.functional.batch_norm"]
 
 @pytest.fixture(scope="module")
 def sweep():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        from sweep import samples, worker
+    from sweep import samples, worker  # benchmarks/ is on pytest's pythonpath (pyproject.toml)
 
-        yield samples, worker
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    return samples, worker
 
 
 @pytest.fixture(scope="module")

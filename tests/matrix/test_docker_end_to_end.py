@@ -75,6 +75,7 @@ def fake_complete_wheelhouse(cache: Path, cell: Cell, repo: Path) -> None:
     path.mkdir(parents=True)
     path.chmod(0o755)
     (path / MANIFEST_NAME).write_text(json.dumps({"test": True}))
+    (path / "packaging-25.0-py3-none-any.whl").touch()  # what the job imports (its PYTHONPATH)
 
 
 @pytest.fixture(autouse=True)
