@@ -34,7 +34,10 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 TOOLING_ROW = "tooling"
 CACHE_ENV = "FALLBACK_MATRIX_CACHE"
 # Why a job ended with this status, where the status itself says so.
-EXIT_REASONS = {137: ": killed by SIGKILL (docker kill, out of memory)", 143: ": SIGTERM"}
+EXIT_REASONS = {
+    137: ": killed by SIGKILL (docker kill, out of memory)",
+    143: ": stopped by SIGTERM (docker stop)",
+}
 
 
 def cache_root(repo: Path) -> Path:

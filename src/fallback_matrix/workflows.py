@@ -68,8 +68,6 @@ def fill(template: Any, values: Mapping[str, Any]) -> Any:
             fill(DATA["steps"].get(item, item) if isinstance(item, str) else item, values)
             for item in template
         ]
-    if isinstance(template, CommentedMap):  # filled already (the dist job's downloads)
-        return template
     if isinstance(template, dict):
         filled = CommentedMap((key, fill(value, values)) for key, value in template.items())
         if isinstance(filled.get("uses"), str):
@@ -79,14 +77,12 @@ def fill(template: Any, values: Mapping[str, Any]) -> Any:
     return template
 
 
-def workflow_job(
-    kind: str, values: Mapping[str, Any], skip: Collection[str] = (), before: Sequence[Any] = ()
-) -> CommentedMap:
+def workflow_job(kind: str, values: Mapping[str, Any], skip: Collection[str] = ()) -> CommentedMap:
     """The GitHub job ``kind`` of workflows.yaml filled in (not a cell's ``job.Job``); steps in
     ``skip`` left out."""
     template = dict(DATA["jobs"][kind])
     steps = [step for step in template["steps"] if not isinstance(step, str) or step not in skip]
-    template["steps"] = [*(DATA["setup"] if template.pop("setup", True) else []), *before, *steps]
+    template["steps"] = [*(DATA["setup"] if template.pop("setup", True) else []), *steps]
     # the setup step's Pythons: the job's and the tooling's, the last being the default
     versions = "\n".join(dict.fromkeys([values["python"], DATA["tooling_python"]]))
     job: CommentedMap = fill(template, {**values, "versions": versions})
@@ -148,7 +144,8 @@ def workflow(matrix: LoadedMatrix, spec: Mapping[str, Any], groups: str) -> dict
                 )
             downloads = [fill(DATA["steps"]["download"], {"source": name}) for name in published]
             values = host | {"needs": list(jobs), "published": " ".join(published)}
-            jobs["dist"] = workflow_job("dist", values, before=downloads)
+            jobs["dist"] = dist = workflow_job("dist", values)
+            dist["steps"][len(DATA["setup"]) : len(DATA["setup"])] = downloads  # after the setup
     for name in spec.get("jobs", ()):
         jobs.setdefault(name, workflow_job(name, host))
     cancel = spec.get("cancel", "${{ github.event_name == 'pull_request' }}")
