@@ -60,7 +60,9 @@ def profile(step, sync, uses_cuda: bool, steps: int) -> dict:
     ops: dict[str, float] = {}
     kernels: dict[str, list[float]] = {}
     for event in prof.events():
-        if event.device_type.name == "CUDA":
+        # Where a PrivateUse1 backend is registered, the profiler files GPU
+        # activity under PrivateUse1 (profiler_kineto's deviceTypeFromActivity).
+        if event.device_type.name in ("CUDA", "PrivateUse1"):
             entry = kernels.setdefault(event.name[:60], [0, 0.0])
             entry[0] += 1
             entry[1] += event.device_time / 1e3 / steps
@@ -69,7 +71,7 @@ def profile(step, sync, uses_cuda: bool, steps: int) -> dict:
     return {
         "gpu_ms": sum(v[1] for v in kernels.values()),
         "gpu_kernels": sum(v[0] for v in kernels.values()) / steps,
-        "kernels": dict(sorted(kernels.items(), key=lambda kv: -kv[1][1])[:TOP]),
+        "kernels": dict(sorted(kernels.items(), key=lambda kv: -kv[1][1])),
         "ops_ms": dict(sorted(ops.items(), key=lambda kv: -kv[1])[:TOP]),
         "ops_total_ms": sum(ops.values()),
     }
@@ -111,6 +113,17 @@ def run_side(side: str, argv: list[str]) -> dict:
     return json.loads(rows[-1][len("@@row ") :])
 
 
+def kernel_differences(native: dict, relay: dict) -> list[tuple[str, tuple[list, list]]]:
+    """Kernels run a different number of times per step, or >10% (and 5 us) longer, on
+    one side: a different kernel choice, or an extra copy, shows up here."""
+    differing = []
+    for name in native.keys() | relay.keys():
+        n, r = native.get(name, [0, 0.0]), relay.get(name, [0, 0.0])
+        if n[0] != r[0] or abs(n[1] - r[1]) > max(0.1 * max(n[1], r[1]), 0.005):
+            differing.append((name, (n, r)))
+    return sorted(differing, key=lambda item: -abs(item[1][1][1] - item[1][0][1]))
+
+
 def render(rows: dict[str, dict], meta: dict) -> str:
     native, relay = rows["native"], rows["relay"]
     lines = [f"{meta['model']} {meta['dtype']}, device {meta['device']}, torch {meta['torch']}"]
@@ -120,20 +133,22 @@ def render(rows: dict[str, dict], meta: dict) -> str:
                        *phases, ("gpu_ms", "GPU kernel ms"), ("gpu_kernels", "GPU kernels"),
                        ("ops_total_ms", "aten self CPU ms (profiled)")]:  # fmt: skip
         a, b = native[key], relay[key]
-        if key.startswith("gpu") and not relay["gpu_kernels"]:
-            # With a PrivateUse1 backend registered, the profiler records no CUDA kernels.
-            lines.append(f"{label:<34}{a:>10.3f}{'n/a':>10}")
-            continue
         lines.append(f"{label:<34}{a:>10.3f}{b:>10.3f}{b - a:>+14.3f}")
     lines.append(f"fallback: {relay['fallback_calls']} calls, {relay['fallback_ms']:.3f} ms inside")
     for title, key in [("GPU kernels by time (count, ms)", "kernels"),
                        ("aten ops by self CPU ms", "ops_ms")]:  # fmt: skip
         for side, row in rows.items():
             lines.append(f"\n{side}: {title}")
-            for name, value in row[key].items():
+            for name, value in list(row[key].items())[:TOP]:
                 counted = isinstance(value, list)
                 shown = f"{value[0]:6.0f} {value[1]:8.3f}" if counted else f"{value:8.3f}"
                 lines.append(f"  {name:<62}{shown}")
+    differing = kernel_differences(native["kernels"], relay["kernels"])
+    lines.append("\nGPU kernels one side runs more often or longer (native, relay: count, ms)")
+    for name, (n, r) in differing[:TOP]:
+        lines.append(f"  {name:<62}{n[0]:6.0f} {n[1]:8.3f} {r[0]:6.0f} {r[1]:8.3f}")
+    if not differing:
+        lines.append("  none: the same kernels, as often, within 10% of each other's time")
     lines.append("\nrelay: fallback ops by time inside the fallback (calls, ms)")
     for name, (calls, ms) in relay["fallback"].items():
         lines.append(f"  {name:<62}{calls:6d} {ms:8.3f}")

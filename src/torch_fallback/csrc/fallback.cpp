@@ -953,6 +953,7 @@ bool DirectCall::start() {
     if (!rules_.has_cuda_kernel || index >= cuda::device_count()) return false;
     cuda::check_usable("the CUDA fallback target", rules_.full_name);
     target_ = c10::Device(c10::kCUDA, index);
+    target_keys_ = c10::DispatchKeySet(c10::DispatchKey::CUDA);
   } else if (!rules_.has_cpu_kernel) {
     return false;
   }

@@ -220,6 +220,11 @@ class TORCH_FALLBACK_API DirectCall {
   // Whether this call runs directly; if so, picks the target and enters its device.
   bool start();
 
+  // The dispatch keys of the target's kernel. The call goes straight there: the
+  // keys above it (autograd, autocast, the math bits) have run for the
+  // backend's tensors already, so the views need no second key extraction.
+  c10::DispatchKeySet target_keys() const { return target_keys_; }
+
   // Each argument as the target kernel takes it: views of the backend tensors.
   const at::Tensor& on_target(const at::Tensor& tensor);
   at::Tensor& on_target(at::Tensor& written);
@@ -269,6 +274,7 @@ class TORCH_FALLBACK_API DirectCall {
   std::optional<c10::DeviceIndex> index_;
   std::optional<c10::Device> home_;  // of the tensors offered
   c10::Device target_{c10::kCPU};
+  c10::DispatchKeySet target_keys_{c10::DispatchKey::CPU};
   std::optional<cuda::DeviceScope> device_scope_;
   TargetImplPool* pool_ = nullptr;  // this thread's, where target tensors may be reused
   // The target storage of each backend storage, once per call: tensors that
@@ -296,7 +302,7 @@ struct DirectKernel<Adapter, Op, Result(Args...)> {
       if (direct.start()) {
         const auto run = [&]() -> Result {
           try {
-            return Op::call(direct.on_target(args)...);
+            return Op::redispatch(direct.target_keys(), direct.on_target(args)...);
           } catch (c10::Error& error) {
             direct.add_context(error);
             throw;
