@@ -17,7 +17,9 @@
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch_fallback/cuda.h>
 
+#include <mutex>
 #include <thread>
+#include <typeinfo>
 
 #include "decompositions.h"
 #include "metrics.h"
@@ -225,10 +227,74 @@ class TargetImplPool {
   c10::Storage empty_cuda_ = empty_storage(c10::Device(c10::kCUDA, 0));
 };
 
+// A backend tensor's view on the target, kept with it (as its BackendMeta) from
+// one call to the next: an optimizer's _foreach_ ops view the same parameters
+// and states, with the same geometry, at every step. A view is reused only
+// while it still matches its tensor (the same backend storage and bytes, the
+// same geometry and lazy bits); else it is made anew. Shallow copies (detach,
+// .data) start without one.
+class KeptTargetView final : public c10::BackendMeta {
+ public:
+  c10::intrusive_ptr<c10::BackendMeta> clone(
+      const c10::intrusive_ptr<c10::BackendMeta>& /*ptr*/) const override {
+    return nullptr;
+  }
+
+  struct View {
+    at::Tensor tensor;
+    // The adapter gives this backend storage the same target storage at every
+    // call: then every view of it shares that storage, with no bookkeeping.
+    bool shared_storage;
+  };
+
+  // The kept view of `tensor` on `target`, if it still matches the tensor.
+  std::optional<View> get(const at::Tensor& tensor, c10::Device target) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const c10::Storage& storage = tensor.storage();
+    if (!view_.tensor.defined() || backend_storage_ != storage.unsafeGetStorageImpl() ||
+        view_.tensor.device() != target || view_.tensor.dtype() != tensor.dtype()) {
+      return std::nullopt;
+    }
+    const c10::Storage& viewed = view_.tensor.storage();
+    if (viewed.data() != storage.data() || viewed.nbytes() != storage.nbytes() ||
+        !same_geometry(view_.tensor, tensor) || view_.tensor.is_conj() != tensor.is_conj() ||
+        view_.tensor.is_neg() != tensor.is_neg()) {
+      return std::nullopt;
+    }
+    return view_;
+  }
+
+  void keep(const at::Tensor& tensor, View view) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    backend_storage_ = tensor.storage().unsafeGetStorageImpl();
+    view_ = std::move(view);
+  }
+
+  // The kept view of `tensor`'s TensorImpl; with `add`, one is added where the
+  // tensor has no BackendMeta (a backend's own is left alone).
+  static KeptTargetView* of(const at::Tensor& tensor, bool add) {
+    c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
+    c10::BackendMeta* meta = impl->get_backend_meta();
+    if (meta == nullptr && add) {
+      impl->set_backend_meta(c10::make_intrusive<KeptTargetView>());
+      meta = impl->get_backend_meta();
+    }
+    return meta != nullptr && typeid(*meta) == typeid(KeptTargetView)
+               ? static_cast<KeptTargetView*>(meta)
+               : nullptr;
+  }
+
+ private:
+  std::mutex mutex_;
+  c10::StorageImpl* backend_storage_ = nullptr;  // compared only: the tensor holds it
+  View view_;
+};
+
 }  // namespace detail
 
 namespace {
 
+using detail::KeptTargetView;
 using detail::TargetImplPool;
 
 // tensor_over's tensor, set up from `pool`'s TensorImpls where there is a pool.
@@ -940,6 +1006,12 @@ void DirectCall::offer(at::TensorList tensors) {
   const size_t single = tensors_;  // views of list elements go to view_lists_, not views_
   for (const at::Tensor& tensor : tensors) offer(tensor);
   tensors_ = single;
+  list_tensors_ += tensors.size();
+  // An in-place _foreach_ op writes its first list, which nothing may read meanwhile.
+  const auto& written = rules_.written_arguments;
+  if (lists_offered_++ == 0 && !written.empty() && written.front() == 0) {
+    written_list_ = tensors.data();
+  }
 }
 
 void DirectCall::offer(std::optional<c10::ScalarType> dtype) {
@@ -961,22 +1033,24 @@ bool DirectCall::start() {
   index_ = index;
   pool_ = TargetImplPool::for_this_call();
   views_.reserve(tensors_);
+  homes_.reserve(tensors_ + list_tensors_);
   started_ = true;
   if (target_.is_cuda() && cuda::device_count() > 1) device_scope_.emplace(target_.index());
   return true;
 }
 
-at::Tensor DirectCall::view_of(const at::Tensor& tensor) {
-  c10::StorageImpl* backend_storage = tensor.storage().unsafeGetStorageImpl();
+const c10::Storage* DirectCall::home_in_call(c10::StorageImpl* backend_storage) const {
   // A linear search: cheaper under callgrind than SmallMap's index even for
   // _foreach_addcdiv_'s 222 tensors (782K against 788K instructions per call).
-  const c10::Storage* home = nullptr;
   for (const auto& [storage, on_target] : homes_) {
-    if (storage == backend_storage) {
-      home = &on_target;
-      break;
-    }
+    if (storage == backend_storage) return &on_target;
   }
+  return nullptr;
+}
+
+at::Tensor DirectCall::view_of(const at::Tensor& tensor) {
+  c10::StorageImpl* backend_storage = tensor.storage().unsafeGetStorageImpl();
+  const c10::Storage* home = home_in_call(backend_storage);
   if (home == nullptr) {
     homes_.emplace_back(backend_storage, backend_.home_storage(tensor.storage()));
     home = &homes_.back().second;
@@ -984,24 +1058,54 @@ at::Tensor DirectCall::view_of(const at::Tensor& tensor) {
   return pooled_tensor_over(pool_, *home, target_, tensor);
 }
 
+at::Tensor DirectCall::kept_view_of(const at::Tensor& tensor, bool add) {
+  // Kept views are plain tensors of the target: none made in inference mode or
+  // under a Python dispatch mode, where the pool is off too.
+  KeptTargetView* kept = pool_ != nullptr ? KeptTargetView::of(tensor, add) : nullptr;
+  if (kept == nullptr) return view_of(tensor);
+  std::optional<KeptTargetView::View> view = kept->get(tensor, target_);
+  if (!view) {
+    const c10::Storage& storage = tensor.storage();
+    c10::Storage home = backend_.home_storage(storage);
+    const bool shared = backend_.home_storage(storage).unsafeGetStorageImpl() ==
+                        home.unsafeGetStorageImpl();
+    view = KeptTargetView::View{tensor_over(home, target_, tensor), shared};
+    kept->keep(tensor, *view);
+  }
+  if (view->shared_storage) return std::move(view->tensor);
+  // Tensors that share a backend storage share one target storage within the call.
+  c10::StorageImpl* backend_storage = tensor.storage().unsafeGetStorageImpl();
+  const c10::Storage* home = home_in_call(backend_storage);
+  if (home == nullptr) {
+    homes_.emplace_back(backend_storage, view->tensor.storage());
+  } else if (home->unsafeGetStorageImpl() != view->tensor.storage().unsafeGetStorageImpl()) {
+    return pooled_tensor_over(pool_, *home, target_, tensor);
+  }
+  return std::move(view->tensor);
+}
+
+// A tensor outside lists gets its kept view where it has one (a parameter, which
+// the optimizer's _foreach_ ops gave one), and never a new one kept (activations).
 const at::Tensor& DirectCall::on_target(const at::Tensor& tensor) {
   if (!tensor.defined() || tensor.device().type() != backend_.device_type) return tensor;
-  views_.push_back(view_of(tensor));
+  views_.push_back(kept_view_of(tensor, /*add=*/false));
   return views_.back();
 }
 
 at::Tensor& DirectCall::on_target(at::Tensor& written) {
   if (!written.defined()) return written;
-  views_.push_back(view_of(written));
+  views_.push_back(kept_view_of(written, /*add=*/false));
   return views_.back();
 }
 
 at::TensorList DirectCall::on_target(at::TensorList tensors) {
   std::vector<at::Tensor>& views = view_lists_.emplace_back();
   views.reserve(tensors.size());
+  // The list an op writes is what nothing else may touch meanwhile: its tensors get kept views.
+  const bool add = tensors.data() == written_list_;
   for (const at::Tensor& tensor : tensors) {
     views.push_back(tensor.defined() && tensor.device().type() == backend_.device_type
-                        ? view_of(tensor)
+                        ? kept_view_of(tensor, add)
                         : tensor);
   }
   return views;

@@ -262,7 +262,11 @@ class TORCH_FALLBACK_API DirectCall {
     return not_a_tensor;
   }
   void synchronize_if_asked() const;
+  const c10::Storage* home_in_call(c10::StorageImpl* backend_storage) const;
   at::Tensor view_of(const at::Tensor& tensor);
+  // The view kept with `tensor` for later calls, if it still matches; else a new
+  // one, kept where the tensor has a kept view already or `add` says to give it one.
+  at::Tensor kept_view_of(const at::Tensor& tensor, bool add);
 
   const BackendAdapter& backend_;
   const OpRules& rules_;
@@ -271,6 +275,9 @@ class TORCH_FALLBACK_API DirectCall {
   bool started_ = false;
   bool finished_ = false;
   size_t tensors_ = 0;  // backend tensors offered outside lists
+  size_t lists_offered_ = 0;
+  size_t list_tensors_ = 0;
+  const at::Tensor* written_list_ = nullptr;  // the list argument the op writes, if any
   std::optional<c10::DeviceIndex> index_;
   std::optional<c10::Device> home_;  // of the tensors offered
   c10::Device target_{c10::kCPU};
