@@ -147,3 +147,53 @@ def test_dropout_keeps_what_its_mask_keeps_and_its_backward_scales(placement):
         assert_same(actual, expected)
     dropout = torch_fallback.metrics()["aten::native_dropout"]
     assert (dropout.calls_unboxed > 0) == served_unboxed(placement)
+
+
+def written_versions(call, on):
+    """How many writes each tensor `call` made saw counted (its version's growth)."""
+    made = []
+
+    def tracked(t):
+        t = on(t)
+        made.append((t, t._version))
+        return t
+
+    call(tracked)
+    return [t._version - before for t, before in made]
+
+
+@pytest.mark.parametrize("name, call", CALLS, ids=[name for name, _ in CALLS])
+def test_in_place_op_counts_its_writes_as_eager_counts_them(placement, name, call):
+    expected = written_versions(call, lambda t: t)
+    assert written_versions(call, lambda t: t.to("relay")) == expected
+
+
+# In-place _foreach_ ops, unboxed and through the boxed fallback (abs_, exp_, copy_).
+FOREACH_WRITES = [
+    ("_foreach_add_", lambda ts: torch._foreach_add_(ts, 1.0)),
+    ("_foreach_mul_ list", lambda ts: torch._foreach_mul_(ts, [t.clone() for t in ts])),
+    ("_foreach_zero_", lambda ts: torch._foreach_zero_(ts)),
+    ("_foreach_lerp_", lambda ts: torch._foreach_lerp_(ts, [t + 1 for t in ts], 0.5)),
+    ("_foreach_addcdiv_", lambda ts: torch._foreach_addcdiv_(ts, ts, [t.abs() + 1 for t in ts],
+                                                             [0.5] * len(ts))),  # fmt: skip
+    ("_foreach_abs_", lambda ts: torch._foreach_abs_(ts)),
+    ("_foreach_exp_", lambda ts: torch._foreach_exp_(ts)),
+    ("_foreach_copy_", lambda ts: torch._foreach_copy_(ts, [t + 1 for t in ts])),
+]
+
+
+@pytest.mark.parametrize("written_before", [0, 3], ids=["fresh", "written-before"])
+@pytest.mark.parametrize("name, write", FOREACH_WRITES, ids=[name for name, _ in FOREACH_WRITES])
+def test_autograd_sees_a_foreach_write_to_a_saved_tensor(placement, name, write, written_before):
+    def run(on):
+        weight = on(torch.randn(3)).requires_grad_()
+        saved, other = on(torch.randn(3)), on(torch.randn(2))
+        for _ in range(written_before):  # an optimizer state's history
+            torch._foreach_mul_([saved, other], 1.0)
+        loss = (weight * saved).sum()
+        write([other, saved])
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()
+
+    run(lambda t: t)
+    run(lambda t: t.to("relay"))

@@ -270,12 +270,15 @@ class KeptTargetView final : public c10::BackendMeta {
     view_ = std::move(view);
   }
 
-  // The kept view of `tensor`'s TensorImpl; with `add`, one is added where the
-  // tensor has no BackendMeta (a backend's own is left alone).
+  // The kept view of `tensor`'s TensorImpl. With `add`, one is added where the
+  // tensor has no BackendMeta (a backend's own is left alone) and has been
+  // written in place twice already: a parameter or an optimizer state, which
+  // later calls will view again, not a temporary that dies within the step.
   static KeptTargetView* of(const at::Tensor& tensor, bool add) {
     c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
     c10::BackendMeta* meta = impl->get_backend_meta();
-    if (meta == nullptr && add) {
+    if (meta == nullptr && add && impl->version_counter().enabled() &&
+        impl->version_counter().current_version() >= 2) {
       impl->set_backend_meta(c10::make_intrusive<KeptTargetView>());
       meta = impl->get_backend_meta();
     }
@@ -335,6 +338,7 @@ class FallbackCall {
       find_resizable_storages();
       move_arguments_to_target();
       call_op();
+      written_versions_.pass_on();
       write_back_mutated_arguments();
       move_returns_to_backend();
       wait_for_queued_copies();
@@ -710,7 +714,33 @@ class FallbackCall {
     // What the kernel writes, for write_back (the kernel's outputs replace the stack).
     if (!rules_.written_arguments.empty()) {
       on_target_.assign(stack_->begin() + first, stack_->end());
+      for (size_t i : rules_.written_arguments) watch_versions(originals_[i], on_target_[i]);
     }
+  }
+
+  void watch_versions(const c10::IValue& original, const c10::IValue& on_target) {
+    if (original.isTensor()) {
+      watch_version(original.toTensor(), on_target.toTensor());
+    } else if (original.isTensorList()) {
+      const auto originals = original.toTensorList();
+      const auto targets = on_target.toTensorList();
+      for (size_t j = 0; j < originals.size(); ++j) watch_version(originals[j], targets[j]);
+    } else if (original.isOptionalTensorList()) {
+      const auto originals = original.toOptionalTensorList();
+      const auto targets = on_target.toOptionalTensorList();
+      for (size_t j = 0; j < originals.size(); ++j) {
+        const std::optional<at::Tensor> a = originals[j];
+        const std::optional<at::Tensor> b = targets[j];
+        if (a && b) watch_version(*a, *b);
+      }
+    }
+  }
+
+  // A backend tensor has one target tensor, however often it is listed.
+  void watch_version(const at::Tensor& original, const at::Tensor& on_target) {
+    if (!original.defined() || watched_.find(original.unsafeGetTensorImpl()) != nullptr) return;
+    watched_.insert(original.unsafeGetTensorImpl(), true);
+    written_versions_.watch(original, on_target);
   }
 
   void call_op() {
@@ -876,6 +906,8 @@ class FallbackCall {
   SmallMap<c10::TensorImpl*, at::Tensor> targets_;
   c10::SmallVector<c10::IValue, 8> originals_;
   c10::SmallVector<c10::IValue, 8> on_target_;
+  detail::WrittenVersions written_versions_;
+  SmallMap<c10::TensorImpl*, bool> watched_;
   metrics::Call call_;
 };
 
@@ -953,6 +985,26 @@ void copy_between(const BackendAdapter& backend, const at::Tensor& src, const at
 }
 
 namespace detail {
+
+void WrittenVersions::watch(const at::Tensor& backend, const at::Tensor& target) {
+  c10::TensorImpl* backend_impl = backend.unsafeGetTensorImpl();
+  c10::TensorImpl* target_impl = target.unsafeGetTensorImpl();
+  if (backend_impl == target_impl || !backend_impl->version_counter().enabled() ||
+      !target_impl->version_counter().enabled()) {
+    return;
+  }
+  watched_.push_back({backend_impl, target_impl, target_impl->version_counter().current_version()});
+}
+
+void WrittenVersions::pass_on() const {
+  // Backend views of one tensor share its count, as their target tensors'
+  // writes would in eager; each target tensor is watched once.
+  for (const Watched& watched : watched_) {
+    const uint32_t writes =
+        watched.target->version_counter().current_version() - watched.target_before;
+    for (uint32_t i = 0; i < writes; ++i) watched.backend->bump_version();
+  }
+}
 
 DirectCall::DirectCall(const BackendAdapter& backend, const OpRules& rules)
     : backend_(backend), rules_(rules), start_(Clock::now()) {}
@@ -1072,6 +1124,9 @@ at::Tensor DirectCall::kept_view_of(const at::Tensor& tensor, bool add) {
     view = KeptTargetView::View{tensor_over(home, target_, tensor), shared};
     kept->keep(tensor, *view);
   }
+  // A tensor listed twice gets a view of its own the second time: each view a
+  // call writes through stands for one tensor of the list (WrittenVersions).
+  if (view->tensor.use_count() > 2) return view_of(tensor);  // the kept one and this
   if (view->shared_storage) return std::move(view->tensor);
   // Tensors that share a backend storage share one target storage within the call.
   c10::StorageImpl* backend_storage = tensor.storage().unsafeGetStorageImpl();
@@ -1095,6 +1150,7 @@ const at::Tensor& DirectCall::on_target(const at::Tensor& tensor) {
 at::Tensor& DirectCall::on_target(at::Tensor& written) {
   if (!written.defined()) return written;
   views_.push_back(kept_view_of(written, /*add=*/false));
+  written_versions_.watch(written, views_.back());
   return views_.back();
 }
 
@@ -1107,19 +1163,20 @@ at::TensorList DirectCall::on_target(at::TensorList tensors) {
     views.push_back(tensor.defined() && tensor.device().type() == backend_.device_type
                         ? kept_view_of(tensor, add)
                         : tensor);
+    if (add && tensor.defined()) written_versions_.watch(tensor, views.back());
   }
   return views;
 }
 
 at::Tensor DirectCall::finish(const at::Tensor& result) {
-  synchronize_if_asked();
+  kernel_done();
   at::Tensor on_backend = to_backend(result);
   finished_ = true;
   return on_backend;
 }
 
 std::vector<at::Tensor> DirectCall::finish(const std::vector<at::Tensor>& results) {
-  synchronize_if_asked();
+  kernel_done();
   std::vector<at::Tensor> on_backend;
   on_backend.reserve(results.size());
   for (const at::Tensor& result : results) on_backend.push_back(to_backend(result));
@@ -1128,12 +1185,13 @@ std::vector<at::Tensor> DirectCall::finish(const std::vector<at::Tensor>& result
 }
 
 void DirectCall::finish() {
-  synchronize_if_asked();
+  kernel_done();
   finished_ = true;
 }
 
-void DirectCall::synchronize_if_asked() const {
+void DirectCall::kernel_done() const {
   if (target_.is_cuda() && cuda_sync() == CudaSync::Device) cuda::device_synchronize();
+  written_versions_.pass_on();
 }
 
 at::Tensor DirectCall::to_backend(const at::Tensor& result) {

@@ -190,6 +190,26 @@ void batch_norm_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
 
 class TargetImplPool;
 
+// The versions of the backend tensors an op writes through target tensors. Most
+// in-place ops count their writes above the backend (ADInplaceOrView), but a
+// _foreach_ op's kernel counts them itself on each tensor it writes (the CPU
+// kernel through each tensor's in-place op, the CUDA one explicitly): on the
+// target tensors. pass_on() adds those counts to the backend tensors, so that
+// autograd sees the writes as it sees eager's. Each target tensor is watched once.
+class TORCH_FALLBACK_API WrittenVersions {
+ public:
+  void watch(const at::Tensor& backend, const at::Tensor& target);
+  void pass_on() const;
+
+ private:
+  struct Watched {
+    c10::TensorImpl* backend;
+    c10::TensorImpl* target;
+    uint32_t target_before;
+  };
+  c10::SmallVector<Watched, 4> watched_;
+};
+
 // One call of an op whose tensors all live on the fallback target already: the
 // target's kernel runs unboxed on views of them, without the boxing, the
 // argument walk and the unboxing of the boxed fallback. In-place ops write the
@@ -243,7 +263,7 @@ class TORCH_FALLBACK_API DirectCall {
   void finish();
   template <typename... Tensors>
   std::tuple<Tensors...> finish(const std::tuple<Tensors...>& results) {
-    synchronize_if_asked();
+    kernel_done();
     auto on_backend = std::apply(
         [this](const auto&... result) { return std::tuple<Tensors...>(to_backend(result)...); },
         results);
@@ -261,7 +281,8 @@ class TORCH_FALLBACK_API DirectCall {
   const T& to_backend(const T& not_a_tensor) {  // the sizes attention kernels return
     return not_a_tensor;
   }
-  void synchronize_if_asked() const;
+  // After the kernel: waits for it if the settings ask so, and counts its writes.
+  void kernel_done() const;
   const c10::Storage* home_in_call(c10::StorageImpl* backend_storage) const;
   at::Tensor view_of(const at::Tensor& tensor);
   // The view kept with `tensor` for later calls, if it still matches; else a new
@@ -289,6 +310,7 @@ class TORCH_FALLBACK_API DirectCall {
   c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 4> homes_;
   c10::SmallVector<at::Tensor, 4> views_;  // sized in start(): references to them stay valid
   c10::SmallVector<std::vector<at::Tensor>, 1> view_lists_;
+  WrittenVersions written_versions_;
 };
 
 // An unboxed kernel for the op `Op` (an at::_ops struct): DirectCall where it
