@@ -1139,17 +1139,15 @@ at::Tensor DirectCall::kept_view_of(const at::Tensor& tensor, bool add) {
   return std::move(view->tensor);
 }
 
-// A tensor outside lists gets its kept view where it has one (a parameter, which
-// the optimizer's _foreach_ ops gave one), and never a new one kept (activations).
 const at::Tensor& DirectCall::on_target(const at::Tensor& tensor) {
   if (!tensor.defined() || tensor.device().type() != backend_.device_type) return tensor;
-  views_.push_back(kept_view_of(tensor, /*add=*/false));
+  views_.push_back(view_of(tensor));
   return views_.back();
 }
 
 at::Tensor& DirectCall::on_target(at::Tensor& written) {
   if (!written.defined()) return written;
-  views_.push_back(kept_view_of(written, /*add=*/false));
+  views_.push_back(view_of(written));
   written_versions_.watch(written, views_.back());
   return views_.back();
 }
