@@ -718,22 +718,32 @@ class FallbackCall {
     }
   }
 
-  void watch_versions(const c10::IValue& original, const c10::IValue& on_target) {
+  // Calls visit(original, on_target) for each tensor of an argument (a tensor or
+  // a list) and the target tensor that stands for it.
+  template <typename Visit>
+  static void for_each_tensor_pair(const c10::IValue& original, const c10::IValue& on_target,
+                                   Visit&& visit) {
     if (original.isTensor()) {
-      watch_version(original.toTensor(), on_target.toTensor());
+      visit(original.toTensor(), on_target.toTensor());
     } else if (original.isTensorList()) {
       const auto originals = original.toTensorList();
       const auto targets = on_target.toTensorList();
-      for (size_t j = 0; j < originals.size(); ++j) watch_version(originals[j], targets[j]);
+      for (size_t j = 0; j < originals.size(); ++j) visit(originals[j], targets[j]);
     } else if (original.isOptionalTensorList()) {
       const auto originals = original.toOptionalTensorList();
       const auto targets = on_target.toOptionalTensorList();
       for (size_t j = 0; j < originals.size(); ++j) {
         const std::optional<at::Tensor> a = originals[j];
         const std::optional<at::Tensor> b = targets[j];
-        if (a && b) watch_version(*a, *b);
+        if (a && b) visit(*a, *b);
       }
     }
+  }
+
+  void watch_versions(const c10::IValue& original, const c10::IValue& on_target) {
+    for_each_tensor_pair(original, on_target, [this](const at::Tensor& a, const at::Tensor& b) {
+      watch_version(a, b);
+    });
   }
 
   // A backend tensor has one target tensor, however often it is listed.
@@ -808,25 +818,10 @@ class FallbackCall {
   }
 
   void write_back_argument(size_t i, bool may_resize) {
-    const c10::IValue& original = originals_[i];
-    const c10::IValue& written = on_target_[i];
-    if (original.isTensor()) {
-      write_back(written.toTensor(), original.toTensor(), may_resize);
-    } else if (original.isTensorList()) {
-      const auto originals = original.toTensorList();
-      const auto writtens = written.toTensorList();
-      for (size_t j = 0; j < originals.size(); ++j) {
-        write_back(writtens[j], originals[j], may_resize);
-      }
-    } else if (original.isOptionalTensorList()) {
-      const auto originals = original.toOptionalTensorList();
-      const auto writtens = written.toOptionalTensorList();
-      for (size_t j = 0; j < originals.size(); ++j) {
-        const std::optional<at::Tensor> a = originals[j];
-        const std::optional<at::Tensor> b = writtens[j];
-        if (a && b) write_back(*b, *a, may_resize);
-      }
-    }
+    for_each_tensor_pair(originals_[i], on_target_[i],
+                         [&](const at::Tensor& original, const at::Tensor& written) {
+                           write_back(written, original, may_resize);
+                         });
   }
 
   bool is_also_an_input(size_t i) const {
