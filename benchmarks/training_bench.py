@@ -17,6 +17,10 @@ figures); with --device cpu: relay CPU target and home against native CPU.
 
     python benchmarks/training_bench.py --device cuda --json r.json --plot r.png
     python benchmarks/training_bench.py --device cpu --small --budget 1
+    python benchmarks/training_bench.py --device cuda --only train --control  # A/A
+
+Within a round each relay measurement runs next to its native reference, the two in
+alternating order from round to round; --cpus pins both sides to the same CPUs.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import time
 from pathlib import Path
 
 SIDES = ("native", "relay")
+CONTROL = "control"  # a second native process in relay's place (--control)
 KINDS = ("train", "op", "cross_home")
 
 
@@ -51,8 +56,8 @@ class Side:
     """A side process that runs one measurement per request, so that the parent can
     interleave native and relay measurements (both then see the same host)."""
 
-    def __init__(self, side: str, argv: list[str]) -> None:
-        command = [sys.executable, __file__, *argv, "--side", side]
+    def __init__(self, side: str, argv: list[str], runs_as: str | None = None) -> None:
+        command = [sys.executable, __file__, *argv, "--side", runs_as or side]
         print(f"== {side} side: {' '.join(command[1:])}", file=sys.stderr, flush=True)
         self.side = side
         self.process = subprocess.Popen(
@@ -81,20 +86,26 @@ class Side:
 
 
 def measure_all(args: argparse.Namespace, forwarded: list[str]) -> dict:
-    sides = {side: Side(side, forwarded) for side in SIDES}
+    second = CONTROL if args.control else "relay"
+    sides = {"native": Side("native", forwarded), "relay": Side("relay", forwarded, second)}
     plans = {side: sides[side].hello["plan"] for side in SIDES}
     native_index = {(s["kind"], s["name"], s.get("dtype"), s["config"]): i
                     for i, s in enumerate(plans["native"])}  # fmt: skip
     pairs = [(native_index.get((s["kind"], s["name"], s.get("dtype"), s["ref"])), j)
              for j, s in enumerate(plans["relay"])]  # fmt: skip
     runs: dict[str, list[list[dict]]] = {side: [] for side in SIDES}
-    for _ in range(args.rounds):
+    for round_index in range(args.rounds):
         rows: dict[str, list] = {"native": [None] * len(plans["native"]),
                                  "relay": [None] * len(plans["relay"])}  # fmt: skip
-        for i, j in pairs:  # each relay measurement right after its native reference
-            if i is not None:
-                rows["native"][i] = sides["native"].run(i)
-            rows["relay"][j] = sides["relay"].run(j)
+        # Each relay measurement next to its native reference, which of the two goes
+        # first alternating between rounds: a cost of going second cancels out.
+        order = SIDES if round_index % 2 == 0 else SIDES[::-1]
+        for i, j in pairs:
+            for side in order:
+                if side == "relay":
+                    rows["relay"][j] = sides["relay"].run(j)
+                elif i is not None:
+                    rows["native"][i] = sides["native"].run(i)
         for side in SIDES:
             runs[side].append([row for row in rows[side] if row is not None])
     for side in sides.values():
@@ -119,7 +130,21 @@ def best_of_rounds(rounds: list[list[dict]]) -> list[dict]:
     return merged
 
 
+def parse_cpus(text: str) -> set[int]:
+    """"2-5,8" -> {2, 3, 4, 5, 8}."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        try:
+            cpus.update(range(int(first), int(last or first) + 1))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--cpus {text!r}: expected a list like 2-5,8") from None
+    return cpus
+
+
 def side_main(args: argparse.Namespace) -> int:
+    if args.cpus:  # before torch starts its threads, which inherit the mask
+        os.sched_setaffinity(0, args.cpus)
     import torch
     import training_workloads as work
 
@@ -128,7 +153,11 @@ def side_main(args: argparse.Namespace) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("--device cuda needs a GPU: torch.cuda.is_available() is False", file=sys.stderr)
         return 2
-    plan = [spec for spec in work.plan(args.side, args.device) if spec["kind"] in args.only]
+    control = args.side == CONTROL
+    plan = work.plan("native" if control else args.side, args.device)
+    if control:  # each row compares with the same config on the native side
+        plan = [{**spec, "ref": spec["config"]} for spec in plan]
+    plan = [spec for spec in plan if spec["kind"] in args.only]
     meta = {
         "torch": str(torch.__version__),
         "threads": torch.get_num_threads(),
@@ -190,6 +219,10 @@ def render(derived: dict[str, list[dict]], meta: dict) -> str:
         f"of {meta['budget_s']} s per measurement",
         f"sizes: {json.dumps(meta['sizes'])}",
     ]
+    if meta.get("control"):
+        lines.append("control run (--control): the relay columns are a second native process")
+    if meta.get("cpus"):
+        lines.append(f"both sides pinned to CPUs {meta['cpus']}")
     if derived["train"]:
         head = f"{'model':<12} {'dtype':<5} {'relay config':<15} {'native ms':>10} "
         head += f"{'relay ms':>10} {'ratio':>6} {'paired':>7} {'fallback calls/step':>20}"
@@ -282,7 +315,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--table", help="write the table here as text")
     parser.add_argument("--plot", help="write a PNG plot here (needs matplotlib)")
     parser.add_argument("--from-json", help="only render the table/plot of an earlier run")
-    parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
+    parser.add_argument("--control", action="store_true",
+                        help="an A/A run: a second native process in relay's place, to see "
+                        "the host's own spread between two processes")  # fmt: skip
+    parser.add_argument("--cpus", type=parse_cpus,
+                        help="pin both sides to these CPUs, e.g. 2-5 (default: no pinning)")
+    parser.add_argument("--side", choices=(*SIDES, CONTROL), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.side:
         return side_main(args)
@@ -293,12 +331,15 @@ def main(argv: list[str] | None = None) -> int:
         forwarded = [f"--device={args.device}", f"--budget={args.budget}"]
         forwarded += [f"--threads={args.threads}"] + (["--small"] if args.small else [])
         forwarded += ["--only", *args.only]
+        if args.cpus:
+            forwarded.append("--cpus=" + ",".join(map(str, sorted(args.cpus))))
         sides = measure_all(args, forwarded)
         meta = {
             **sides["relay"]["meta"], "device": args.device, "small": args.small,
             "budget_s": args.budget, "rounds": args.rounds, "date": time.strftime("%Y-%m-%d"),
             "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
-            "source": source_version(),
+            "source": source_version(), "control": args.control,
+            "cpus": sorted(args.cpus) if args.cpus else None,
         }  # fmt: skip
         rows = {side: sides[side]["rows"] for side in SIDES}
         derived = derive(rows["native"], rows["relay"])
