@@ -170,11 +170,19 @@ def side_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def paired_ratio(native: dict, relay: dict) -> float | None:
-    """The median over rounds of relay/native, each pair measured back to back: a
-    slowdown of the whole host during a round cancels out."""
-    pairs = list(zip(native.get("round_ms", []), relay.get("round_ms", []), strict=True))
-    return statistics.median(r / n for n, r in pairs) if pairs else None
+def paired_ratios(native: dict, relay: dict) -> list[float]:
+    """Each round's relay/native, the two measured back to back: a slowdown of the
+    whole host during a round cancels out."""
+    pairs = zip(native.get("round_ms", []), relay.get("round_ms", []), strict=True)
+    return [r / n for n, r in pairs]
+
+
+def quartiles(values: list[float]) -> tuple[float, float] | None:
+    """The first and third quartiles, or None for fewer than two values."""
+    if len(values) < 2:
+        return None
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q3
 
 
 def derive(native: list[dict], relay: list[dict]) -> dict[str, list[dict]]:
@@ -186,11 +194,13 @@ def derive(native: list[dict], relay: list[dict]) -> dict[str, list[dict]]:
         if n is None:
             continue
         if r["kind"] == "train":
+            paired = paired_ratios(n, r)
             out["train"].append({
                 "model": r["name"], "dtype": r["dtype"], "config": r["config"],
                 "native_ms": n["median_ms"], "relay_ms": r["median_ms"],
                 "ratio": r["median_ms"] / n["median_ms"],
-                "paired_ratio": paired_ratio(n, r),
+                "paired_ratio": statistics.median(paired) if paired else None,
+                "paired_quartiles": quartiles(paired),
                 "fallback_calls_per_step": r.get("fallback_calls"),
             })  # fmt: skip
         elif r["kind"] == "op":
@@ -225,9 +235,11 @@ def render(derived: dict[str, list[dict]], meta: dict) -> str:
         lines.append(f"both sides pinned to CPUs {meta['cpus']}")
     if derived["train"]:
         head = f"{'model':<12} {'dtype':<5} {'relay config':<15} {'native ms':>10} "
-        head += f"{'relay ms':>10} {'ratio':>6} {'paired':>7} {'fallback calls/step':>20}"
+        head += f"{'relay ms':>10} {'ratio':>6} {'paired (quartiles)':>19} "
+        head += f"{'fallback calls/step':>20}"
         lines += ["", "training step (forward + backward + AdamW step), median; ratio: of the "
-                  "best rounds, paired: median of the rounds' relay/native", head]  # fmt: skip
+                  "best rounds, paired: median (and quartiles) of the rounds' relay/native",
+                  head]  # fmt: skip
         if meta["device"] == "cpu":
             lines.insert(-1, "(bf16: relay autocasts as CUDA does, native CPU by its own policy)")
         lines.append("-" * len(head))
@@ -235,9 +247,11 @@ def render(derived: dict[str, list[dict]], meta: dict) -> str:
             calls = d["fallback_calls_per_step"]
             calls = "-" if calls is None else calls
             paired = "-" if d.get("paired_ratio") is None else f"{d['paired_ratio']:.2f}"
+            if d.get("paired_quartiles"):
+                paired += " ({:.2f}-{:.2f})".format(*d["paired_quartiles"])
             lines.append(
                 f"{d['model']:<12} {d['dtype']:<5} {d['config']:<15} {d['native_ms']:>10.3f} "
-                f"{d['relay_ms']:>10.3f} {d['ratio']:>6.2f} {paired:>7} {calls:>20}"
+                f"{d['relay_ms']:>10.3f} {d['ratio']:>6.2f} {paired:>19} {calls:>20}"
             )
     if derived["op"]:
         head = f"{'op':<11} {'relay config':<15} {'native':>7} {'relay':>7} {'+us':>6}   "

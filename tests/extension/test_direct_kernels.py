@@ -26,7 +26,7 @@ DIRECT_OPS = [
     "aten::threshold_backward", "aten::gelu", "aten::gelu_backward", "aten::_softmax",
     "aten::_softmax_backward_data", "aten::_log_softmax", "aten::_log_softmax_backward_data",
     "aten::native_layer_norm", "aten::native_layer_norm_backward", "aten::sum.dim_IntList",
-    "aten::mean.dim", "aten::nll_loss_forward", "aten::nll_loss_backward",
+    "aten::mean.dim", "aten::nll_loss_forward", "aten::nll_loss_backward", "aten::cat",
 ]  # fmt: skip
 
 aten = torch.ops.aten
@@ -146,6 +146,13 @@ CALLS = [
         ),
     ),
     ("empty", lambda on: torch.add(on(torch.randn(0, 3)), on(torch.randn(1, 3)))),
+    ("cat", lambda on: torch.cat([on(torch.randn(2, 3)), on(torch.randn(4, 6))[:, ::2]])),
+    (
+        "cat dim 1 promoting",
+        lambda on: torch.cat([on(torch.randn(2, 3)), on(torch.arange(4).reshape(2, 2))], 1),
+    ),
+    ("cat legacy empty", lambda on: torch.cat([on(torch.randn(0)), on(torch.randn(2, 3))])),
+    ("cat one tensor twice", lambda on: (lambda x: torch.cat([x, x.t()], 1))(on(torch.randn(3, 3)))),
 ]
 
 

@@ -1061,6 +1061,14 @@ void DirectCall::offer(at::TensorList tensors) {
   }
 }
 
+void DirectCall::offer(const at::ITensorListRef& tensors) {
+  const size_t single = tensors_;
+  for (const at::Tensor& tensor : tensors) offer(tensor);
+  tensors_ = single;
+  list_tensors_ += tensors.size();
+  ++lists_offered_;
+}
+
 void DirectCall::offer(std::optional<c10::ScalarType> dtype) {
   usable_ = usable_ && !(dtype && c10::isQIntType(*dtype));
 }
@@ -1150,7 +1158,8 @@ at::Tensor& DirectCall::on_target(at::Tensor& written) {
 at::TensorList DirectCall::on_target(at::TensorList tensors) {
   std::vector<at::Tensor>& views = view_lists_.emplace_back();
   views.reserve(tensors.size());
-  // The list an op writes is what nothing else may touch meanwhile: its tensors get kept views.
+  // The list an in-place _foreach_ op writes keeps the views of tensors it has
+  // written before (KeptTargetView::of); others are the pool's.
   const bool add = tensors.data() == written_list_;
   for (const at::Tensor& tensor : tensors) {
     views.push_back(tensor.defined() && tensor.device().type() == backend_.device_type
@@ -1159,6 +1168,17 @@ at::TensorList DirectCall::on_target(at::TensorList tensors) {
     if (add && tensor.defined()) written_versions_.watch(tensor, views.back());
   }
   return views;
+}
+
+at::ITensorListRef DirectCall::on_target(const at::ITensorListRef& tensors) {
+  std::vector<at::Tensor>& views = view_lists_.emplace_back();
+  views.reserve(tensors.size());
+  for (const at::Tensor& tensor : tensors) {
+    views.push_back(tensor.defined() && tensor.device().type() == backend_.device_type
+                        ? view_of(tensor)
+                        : tensor);
+  }
+  return at::ITensorListRef(views);
 }
 
 at::Tensor DirectCall::finish(const at::Tensor& result) {

@@ -53,6 +53,7 @@
 #include <ATen/ops/add_ops.h>
 #include <ATen/ops/addmm_ops.h>
 #include <ATen/ops/bmm_ops.h>
+#include <ATen/ops/cat_ops.h>
 #include <ATen/ops/convolution_backward_ops.h>
 #include <ATen/ops/convolution_ops.h>
 #include <ATen/ops/div_ops.h>
@@ -232,6 +233,7 @@ class TORCH_FALLBACK_API DirectCall {
     if (tensor.has_value()) offer(*tensor);
   }
   void offer(at::TensorList tensors);
+  void offer(const at::ITensorListRef& tensors);  // cat's, which it only reads
   void offer(std::optional<c10::ScalarType> dtype);
   void offer(c10::ScalarType dtype) { offer(std::optional<c10::ScalarType>(dtype)); }
   template <typename T>
@@ -252,6 +254,7 @@ class TORCH_FALLBACK_API DirectCall {
     return tensor.has_value() ? std::optional<at::Tensor>(on_target(*tensor)) : tensor;
   }
   at::TensorList on_target(at::TensorList tensors);
+  at::ITensorListRef on_target(const at::ITensorListRef& tensors);
   template <typename T>
   T& on_target(T& value) {
     return value;
@@ -425,7 +428,7 @@ void register_kernels(torch::Library& aten) {
       ops::_softmax_backward_data, ops::_log_softmax, ops::_log_softmax_backward_data,
       ops::native_layer_norm, ops::native_layer_norm_backward, ops::sum_dim_IntList,
       ops::mean_dim, ops::nll_loss_forward, ops::nll_loss_backward, ops::native_dropout,
-      ops::native_dropout_backward,
+      ops::native_dropout_backward, ops::cat,
       // in place: gradient accumulation, zero_grad(set_to_none=False), the optimizers
       ops::add__Tensor, ops::sub__Tensor, ops::mul__Tensor, ops::div__Tensor, ops::mul__Scalar,
       ops::zero_, ops::fill__Scalar, ops::_foreach_add__Scalar, ops::_foreach_add__List,
