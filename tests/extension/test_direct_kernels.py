@@ -27,9 +27,35 @@ DIRECT_OPS = [
     "aten::_softmax_backward_data", "aten::_log_softmax", "aten::_log_softmax_backward_data",
     "aten::native_layer_norm", "aten::native_layer_norm_backward", "aten::sum.dim_IntList",
     "aten::mean.dim", "aten::nll_loss_forward", "aten::nll_loss_backward", "aten::cat",
+    "aten::native_batch_norm", "aten::native_batch_norm_backward",
 ]  # fmt: skip
 
 aten = torch.ops.aten
+
+
+def batch_norm(training: bool):
+    """native_batch_norm's output and the running statistics it writes in place
+    (the saved statistics of eval mode differ between CPU and CUDA kernels)."""
+
+    def call(on):
+        x, weight, bias = on(torch.randn(4, 3, 5, 5)), on(torch.rand(3) + 0.5), on(torch.randn(3))
+        mean, var = on(torch.randn(3)), on(torch.rand(3) + 0.5)
+        out, saved_mean, saved_invstd = aten.native_batch_norm(
+            x, weight, bias, mean, var, training, 0.1, 1e-5
+        )
+        return (out, saved_mean, saved_invstd, mean, var) if training else (out, mean, var)
+
+    return call
+
+
+def batch_norm_backward(on):
+    x, grad, weight = on(torch.randn(4, 3, 5, 5)), on(torch.randn(4, 3, 5, 5)), on(torch.rand(3))
+    mean, var = on(torch.randn(3)), on(torch.rand(3) + 0.5)
+    saved_mean, saved_invstd = x.mean((0, 2, 3)), x.var((0, 2, 3)).add(1e-5).rsqrt()
+    return aten.native_batch_norm_backward(
+        grad, x, weight, mean, var, saved_mean, saved_invstd, True, 1e-5, [True, True, False]
+    )
+
 # (name, call): each call takes a function that puts a CPU tensor where the op runs.
 CALLS = [
     (
@@ -152,6 +178,9 @@ CALLS = [
         lambda on: torch.cat([on(torch.randn(2, 3)), on(torch.arange(4).reshape(2, 2))], 1),
     ),
     ("cat legacy empty", lambda on: torch.cat([on(torch.randn(0)), on(torch.randn(2, 3))])),
+    ("batch_norm training", batch_norm(training=True)),
+    ("batch_norm eval", batch_norm(training=False)),
+    ("batch_norm backward", batch_norm_backward),
     ("cat one tensor twice", lambda on: (lambda x: torch.cat([x, x.t()], 1))(on(torch.randn(3, 3)))),
 ]
 

@@ -99,8 +99,10 @@ std::unique_ptr<OpRules> make_rules(const c10::OperatorHandle& op) {
   }
   rules->unservable_result = unservable_result_of(rules->name);
   rules->accepts_cpu_tensors = takes_cpu_tensors(rules->name);
-  // A DirectCall checks CPU tensors among the arguments by their values.
-  rules->runs_direct = rules->hidden_mutations.empty() && rules->resizable_arguments.empty() &&
+  // A DirectCall checks CPU tensors among the arguments by their values. Its
+  // views are the backend's memory, so hidden writes (batch norm's running
+  // statistics) land there as they do in eager.
+  rules->runs_direct = rules->resizable_arguments.empty() &&
                        rules->generator_arguments.empty() && rules->layout_arguments.empty() &&
                        !takes_a_device && !rules->returns_a_view &&
                        rules->unservable_result.empty();

@@ -63,6 +63,8 @@
 #include <ATen/ops/mean_ops.h>
 #include <ATen/ops/mm_ops.h>
 #include <ATen/ops/mul_ops.h>
+#include <ATen/ops/native_batch_norm_backward_ops.h>
+#include <ATen/ops/native_batch_norm_ops.h>
 #include <ATen/ops/native_dropout_backward_ops.h>
 #include <ATen/ops/native_dropout_ops.h>
 #include <ATen/ops/native_layer_norm_backward_ops.h>
@@ -78,11 +80,13 @@
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
+#include <array>
 #include <chrono>
 #include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "api.h"
@@ -177,17 +181,35 @@ TORCH_FALLBACK_API bool has_kernel(const std::string& name, c10::DeviceType devi
 // kernel the fallback's target would choose, not the math path.
 TORCH_FALLBACK_API void register_sdp_choice();
 
-// native_batch_norm and its backward on cuDNN, as eager CUDA runs them, when
-// the fallback targets a GPU and the call's tensors live on it; false (the
-// stack untouched) when they do not.
-TORCH_FALLBACK_API bool run_batch_norm_as_eager_cuda(const BackendAdapter& backend,
-                                                     const c10::OperatorHandle& op,
-                                                     torch::jit::Stack* stack);
+// How a DirectKernel runs its op on the target: the target's kernel for the op.
+template <typename Op>
+struct TargetKernel {
+  template <typename... Args>
+  static decltype(auto) run(c10::DispatchKeySet keys, Args&&... args) {
+    return Op::redispatch(keys, std::forward<Args>(args)...);
+  }
+};
 
-template <const BackendAdapter& (*Adapter)()>
-void batch_norm_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  if (!run_batch_norm_as_eager_cuda(Adapter(), op, stack)) boxed_fallback(Adapter(), op, stack);
-}
+// native_batch_norm and its backward on the target as eager runs them there.
+// _batch_norm_impl_index picks cuDNN only for CUDA tensors (input.is_cuda()),
+// so a backend's batch norm would always take the native kernels: slower on
+// the GPU and more host work per call. On a CUDA target these ask PyTorch's own
+// choice (_select_batch_norm_backend) and run cuDNN where it says so.
+struct TORCH_FALLBACK_API BatchNormOnTarget {
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> run(
+      c10::DispatchKeySet keys, const at::Tensor& input, const std::optional<at::Tensor>& weight,
+      const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& running_mean,
+      const std::optional<at::Tensor>& running_var, bool training, double momentum, double eps);
+};
+
+struct TORCH_FALLBACK_API BatchNormBackwardOnTarget {
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> run(
+      c10::DispatchKeySet keys, const at::Tensor& grad_out, const at::Tensor& input,
+      const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& running_mean,
+      const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& save_mean,
+      const std::optional<at::Tensor>& save_invstd, bool train, double eps,
+      std::array<bool, 3> output_mask);
+};
 
 class TargetImplPool;
 
@@ -317,12 +339,14 @@ class TORCH_FALLBACK_API DirectCall {
 };
 
 // An unboxed kernel for the op `Op` (an at::_ops struct): DirectCall where it
-// serves the call, else the boxed fallback.
-template <const BackendAdapter& (*Adapter)(), typename Op, typename Schema = typename Op::schema>
+// serves the call (running `Run` on the target), else the boxed fallback.
+template <const BackendAdapter& (*Adapter)(), typename Op, typename Run = TargetKernel<Op>,
+          typename Schema = typename Op::schema>
 struct DirectKernel;
 
-template <const BackendAdapter& (*Adapter)(), typename Op, typename Result, typename... Args>
-struct DirectKernel<Adapter, Op, Result(Args...)> {
+template <const BackendAdapter& (*Adapter)(), typename Op, typename Run, typename Result,
+          typename... Args>
+struct DirectKernel<Adapter, Op, Run, Result(Args...)> {
   static Result call(Args... args) {
     static const c10::OperatorHandle op =
         c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
@@ -334,7 +358,7 @@ struct DirectKernel<Adapter, Op, Result(Args...)> {
       if (direct.start()) {
         const auto run = [&]() -> Result {
           try {
-            return Op::redispatch(direct.target_keys(), direct.on_target(args)...);
+            return Run::run(direct.target_keys(), direct.on_target(args)...);
           } catch (c10::Error& error) {
             direct.add_context(error);
             throw;
@@ -376,12 +400,12 @@ struct DirectKernel<Adapter, Op, Result(Args...)> {
   }
 };
 
-template <const BackendAdapter& (*Adapter)(), typename Op>
+template <const BackendAdapter& (*Adapter)(), typename Op, typename Run = TargetKernel<Op>>
 void register_direct_kernel(torch::Library& aten) {
   std::string name = std::string(Op::name).substr(std::string("aten::").size());
   if (*Op::overload_name != '\0') name += std::string(".") + Op::overload_name;
   if (has_kernel(name, Adapter().device_type)) return;  // the backend's own
-  using Kernel = DirectKernel<Adapter, Op>;
+  using Kernel = DirectKernel<Adapter, Op, Run>;
   aten.impl(name.c_str(), TORCH_FN(Kernel::call));
 }
 
@@ -442,11 +466,9 @@ void register_kernels(torch::Library& aten) {
       ops::_scaled_dot_product_efficient_attention_backward,
       ops::_scaled_dot_product_flash_attention_for_cpu,
       ops::_scaled_dot_product_flash_attention_for_cpu_backward>(aten);
-  for (const char* name : {"native_batch_norm", "native_batch_norm_backward"}) {
-    if (detail::has_kernel(name, Adapter().device_type)) continue;
-    aten.impl(name,
-              torch::CppFunction::makeFromBoxedFunction<&detail::batch_norm_kernel<Adapter>>());
-  }
+  detail::register_direct_kernel<Adapter, ops::native_batch_norm, detail::BatchNormOnTarget>(aten);
+  detail::register_direct_kernel<Adapter, ops::native_batch_norm_backward,
+                                 detail::BatchNormBackwardOnTarget>(aten);
   for (const std::string& name : ops_run_whole()) {
     // The backend's own kernels, registered before this call, win.
     if (detail::has_kernel(name, Adapter().device_type)) continue;
