@@ -131,14 +131,16 @@ def best_of_rounds(rounds: list[list[dict]]) -> list[dict]:
 
 
 def parse_cpus(text: str) -> set[int]:
-    """"2-5,8" -> {2, 3, 4, 5, 8}."""
+    """Parses a CPU list: "2-5,8" is {2, 3, 4, 5, 8}."""
     cpus: set[int] = set()
     for part in text.split(","):
         first, _, last = part.partition("-")
         try:
             cpus.update(range(int(first), int(last or first) + 1))
         except ValueError:
-            raise argparse.ArgumentTypeError(f"--cpus {text!r}: expected a list like 2-5,8") from None
+            raise argparse.ArgumentTypeError(
+                f"--cpus {text!r}: expected a list like 2-5,8"
+            ) from None
     return cpus
 
 
@@ -332,8 +334,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--control", action="store_true",
                         help="an A/A run: a second native process in relay's place, to see "
                         "the host's own spread between two processes")  # fmt: skip
-    parser.add_argument("--cpus", type=parse_cpus,
-                        help="pin both sides to these CPUs, e.g. 2-5 (default: no pinning)")
+    parser.add_argument(
+        "--cpus",
+        type=parse_cpus,
+        help="pin both sides to these CPUs, e.g. 2-5 (default: no pinning)",
+    )
     parser.add_argument("--side", choices=(*SIDES, CONTROL), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.side:

@@ -48,6 +48,10 @@ def batch_norm(training: bool):
     return call
 
 
+def cat_with_itself(x):
+    return torch.cat([x, x.t()], 1)
+
+
 def batch_norm_backward(on):
     x, grad, weight = on(torch.randn(4, 3, 5, 5)), on(torch.randn(4, 3, 5, 5)), on(torch.rand(3))
     mean, var = on(torch.randn(3)), on(torch.rand(3) + 0.5)
@@ -55,6 +59,7 @@ def batch_norm_backward(on):
     return aten.native_batch_norm_backward(
         grad, x, weight, mean, var, saved_mean, saved_invstd, True, 1e-5, [True, True, False]
     )
+
 
 # (name, call): each call takes a function that puts a CPU tensor where the op runs.
 CALLS = [
@@ -181,7 +186,7 @@ CALLS = [
     ("batch_norm training", batch_norm(training=True)),
     ("batch_norm eval", batch_norm(training=False)),
     ("batch_norm backward", batch_norm_backward),
-    ("cat one tensor twice", lambda on: (lambda x: torch.cat([x, x.t()], 1))(on(torch.randn(3, 3)))),
+    ("cat one tensor twice", lambda on: cat_with_itself(on(torch.randn(3, 3)))),
 ]
 
 
