@@ -2,7 +2,10 @@
 // metadata-only views, and the list of ops sent to the fallback whole.
 #include <torch_fallback/fallback.h>
 
+#include <array>
+#include <atomic>
 #include <mutex>
+#include <typeinfo>
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/transformers/attention.h>
@@ -126,6 +129,54 @@ const std::vector<std::string>& ops_run_whole() {
     return names;
   }();
   return names;
+}
+
+namespace {
+
+// The device types whose tensors swap memory in place (Tensor.data = ...):
+// PyTorch's dense backends, and those registered by register_device_moves.
+std::array<std::atomic<bool>, static_cast<size_t>(c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES)>
+    movable_device_types{};
+
+bool movable_in_place(const at::Tensor& tensor) {
+  const c10::TensorImpl& impl = *tensor.unsafeGetTensorImpl();
+  // shallow_copy_from copies TensorImpl's own fields only: a subclass (a
+  // backend's own TensorImpl, a wrapper) would lose what it adds.
+  return typeid(impl) == typeid(c10::TensorImpl) && tensor.layout() == c10::kStrided &&
+         impl.key_set().has(c10::DispatchKey::Dense) &&
+         movable_device_types[static_cast<size_t>(tensor.device().type())].load();
+}
+
+// aten::_has_compatible_shallow_copy_type for calls with a backend tensor:
+// nn.Module._apply asks it whether to keep a parameter by `param.data = moved`
+// (identity kept) or to make a new Parameter (ties broken); set_data checks it.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set()) ||
+         (movable_in_place(self) && movable_in_place(from));
+}
+
+}  // namespace
+
+void register_device_moves(c10::DeviceType device_type) {
+  static std::once_flag dense_once;
+  std::call_once(dense_once, [] {
+    for (const auto dense : {c10::DeviceType::CPU, c10::DeviceType::CUDA, c10::DeviceType::HIP,
+                             c10::DeviceType::XPU, c10::DeviceType::MPS, c10::DeviceType::HPU}) {
+      movable_device_types[static_cast<size_t>(dense)] = true;
+    }
+  });
+  if (movable_device_types[static_cast<size_t>(device_type)].exchange(true)) return;
+  // The autograd key is where the composite kernel would run: a kernel there
+  // is reached only by calls that have a tensor of this device among their
+  // arguments, so CPU and CUDA tensors keep PyTorch's answer.
+  const auto backend = c10::toBackendComponent(
+      c10::computeDispatchKey(std::nullopt, c10::kStrided, c10::Device(device_type)));
+  static std::mutex libraries_mutex;
+  static std::vector<std::unique_ptr<torch::Library>> libraries;
+  const std::lock_guard<std::mutex> lock(libraries_mutex);
+  auto& library = libraries.emplace_back(std::make_unique<torch::Library>(
+      torch::Library::IMPL, "aten", c10::getAutogradKeyFromBackend(backend), __FILE__, __LINE__));
+  library->impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
 }
 
 namespace detail {

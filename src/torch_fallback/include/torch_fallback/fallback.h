@@ -170,6 +170,13 @@ TORCH_FALLBACK_API void register_view_kernels(torch::Library& aten);
 // composite one (addr, the norms) checks and computes as the CPU kernel does.
 TORCH_FALLBACK_API const std::vector<std::string>& ops_run_whole();
 
+// Lets nn.Module.to (and .data = ...) move a tensor between `device_type` and
+// the CPU or CUDA in place, as it moves one between the CPU and CUDA: the
+// Parameter object stays, so tied weights stay tied and an optimizer built
+// before the move keeps its tensors. Only calls with a `device_type` tensor
+// among their arguments see it; register_kernels calls it.
+TORCH_FALLBACK_API void register_device_moves(c10::DeviceType device_type);
+
 namespace detail {
 // _copy_from and _copy_from_and_resize see the conjugate and negative bits
 // themselves; registered once, by the first backend.
@@ -433,12 +440,14 @@ struct CopyKernels {
 // _copy_from_and_resize, the ops run whole, unboxed kernels for the functional
 // and in-place ops a training step calls most (DirectKernel), batch norm on cuDNN where
 // eager CUDA would take it, and (for PrivateUse1) the choice of the fused
-// attention kernel. The backend still owns its memory: empty.memory_format,
+// attention kernel, and device moves that keep parameters (register_device_moves).
+// The backend still owns its memory: empty.memory_format,
 // empty_strided and resize_. Call it after registering the backend's own
 // kernels: it leaves those in place.
 template <const BackendAdapter& (*Adapter)()>
 void register_kernels(torch::Library& aten) {
   detail::register_math_bit_fallthroughs();
+  register_device_moves(Adapter().device_type);
   if (Adapter().device_type == c10::DeviceType::PrivateUse1) detail::register_sdp_choice();
   register_view_kernels(aten);
   aten.impl("_copy_from", TORCH_FN(detail::CopyKernels<Adapter>::copy_from));
