@@ -95,12 +95,8 @@ def structure(model: nn.Module, before: dict[str, torch.Tensor]) -> dict[str, ob
 
 
 def names_to_objects(model: nn.Module) -> dict[str, torch.Tensor]:
-    return dict(
-        [
-            *model.named_parameters(remove_duplicate=False),
-            *model.named_buffers(remove_duplicate=False),
-        ]
-    )
+    named = [*model.named_parameters(remove_duplicate=False)]
+    return dict([*named, *model.named_buffers(remove_duplicate=False)])
 
 
 def make(model_name: str, grads: bool) -> nn.Module:
