@@ -7,11 +7,17 @@ must not pass by skipping everything.
 
 cpu_wheel / cuda_wheel: behaviour of one kind of torch build; on the other kind
 the test skips with the reason (the matrix runs each kind in its own cell).
+
+The fixtures `fallback_settings` and `placement` (target x home) serve the tests of
+the built extension (tests/extension, tests/models); they import torch_fallback
+only when a test asks for them, so the tooling's tests run without torch.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 
@@ -76,3 +82,58 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             "CUDA_VISIBLE_DEVICES.",
             pytrace=False,
         )
+
+
+@dataclass(frozen=True)
+class Placement:
+    target: str  # where the fallback runs ops: "cpu" or "cuda"
+    home: str  # where relay tensors keep their memory: "cpu" or "cuda"
+
+    def __str__(self) -> str:
+        return f"target={self.target}-home={self.home}"
+
+
+PLACEMENTS = [
+    pytest.param(Placement("cpu", "cpu"), id="target-cpu-home-cpu"),
+    pytest.param(
+        Placement("cpu", "cuda"), id="target-cpu-home-cuda", marks=pytest.mark.requires_cuda
+    ),
+    pytest.param(
+        Placement("cuda", "cpu"), id="target-cuda-home-cpu", marks=pytest.mark.requires_cuda
+    ),
+    pytest.param(
+        Placement("cuda", "cuda"), id="target-cuda-home-cuda", marks=pytest.mark.requires_cuda
+    ),
+]
+
+
+@pytest.fixture
+def fallback_settings() -> Iterator[None]:
+    """The test starts from the defaults and leaves torch_fallback's settings as it found them."""
+    import torch_fallback
+    import torch_fallback.relay
+
+    saved = (
+        torch_fallback.get_target(),
+        torch_fallback.relay.get_home(),
+        torch_fallback.get_cpu_ops(),
+        torch_fallback.get_cuda_sync(),
+    )
+    torch_fallback.reset_metrics()
+    yield
+    torch_fallback.set_target(saved[0])
+    torch_fallback.relay.set_home(saved[1])
+    torch_fallback.set_cpu_ops(saved[2])
+    torch_fallback.set_cuda_sync(saved[3])
+
+
+@pytest.fixture(params=PLACEMENTS)
+def placement(request: pytest.FixtureRequest, fallback_settings: None) -> Placement:
+    """Each placement in turn: the fallback's target and relay's home set for the test."""
+    import torch_fallback
+    import torch_fallback.relay
+
+    chosen: Placement = request.param
+    torch_fallback.set_target(chosen.target)
+    torch_fallback.relay.set_home(chosen.home)
+    return chosen

@@ -5,9 +5,11 @@
 #include <array>
 #include <atomic>
 #include <mutex>
+#include <tuple>
 #include <typeinfo>
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/ops/_fused_sdp_choice.h>
@@ -62,6 +64,14 @@ struct SdpChoice<int64_t (*)(const at::Tensor&, const at::Tensor&, const at::Ten
                         Args... rest) {
     constexpr auto math = static_cast<int64_t>(at::SDPBackend::math);
     if (query.is_nested() || key.is_nested() || value.is_nested()) return math;
+    // A mask that requires grad (a learned position bias: T5) rules out the fused
+    // kernels, which do not differentiate it; the target's chooser would see
+    // the fallback's target views, which carry no requires_grad.
+    const std::optional<at::Tensor>& attn_mask = std::get<0>(std::forward_as_tuple(rest...));
+    if (attn_mask && attn_mask->defined() && attn_mask->requires_grad() &&
+        at::GradMode::is_enabled()) {
+      return math;
+    }
     const int64_t choice = at::_fused_sdp_choice(query, key, value, rest...);
     // For any device but CUDA, the flash choice runs the CPU's flash kernel.
     const bool flash_on_cuda =
