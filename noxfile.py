@@ -30,9 +30,6 @@ ROOT = Path(__file__).resolve().parent
 nox.options.default_venv_backend = "venv"
 nox.options.sessions = ["tests"]
 
-LINT_PATHS = ("src", "tests", "noxfile.py", "benchmarks")
-
-
 def _call(session: nox.Session, *args: str) -> None:
     status = cli.main([*args, *session.posargs])
     if status != 0:
@@ -73,6 +70,12 @@ for _cross in cross_tests(expand_cells(_SPEC)):
 def tests(session: nox.Session) -> None:
     """The test suite: tooling tests, then the extension built and tested as the cpu cell."""
     _call(session, "project-tests")
+
+
+@nox.session(python=False)
+def models(session: nox.Session) -> None:
+    """The model zoo (tests/models) in matrix.yaml's `models` cell, every model (-- --runner ...)."""
+    _call(session, "models")
 
 
 @nox.session(python=False)

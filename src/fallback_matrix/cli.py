@@ -250,6 +250,17 @@ def cmd_project_tests(c: Context) -> int:
     return c.run([cell], "tests", [TOOLING_ROW, cell.name])  # failed if either did
 
 
+def cmd_models(c: Context) -> int:
+    models = c.matrix.spec.models
+    if models is None:
+        raise MatrixError(
+            "matrix.yaml has no `models` section: add one naming the cell and the zoo's tests, "
+            "e.g. models: {cell: cpu, tests: {paths: [tests/models], markers: not requires_cuda}}"
+        )
+    cell = c.cell(models.cell).model_copy(update={"tests": models.tests})
+    return c.run([cell], "models")
+
+
 def cmd_tooling_tests(c: Context) -> int:
     run_tooling_tests(c.matrix, c.artifacts, c.reporter)
     return c.publish([TOOLING_ROW], "tooling")

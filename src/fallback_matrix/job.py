@@ -26,7 +26,7 @@ STEPS = (
     *("environment", "verify torch", "sources", "build", "repair", "install", "tests"),
     *("example", "artifacts"),
 )
-GROUPS = ("build", "test")  # the dependency groups of pyproject.toml a cell installs
+GROUPS = ("build", "test", "models")  # the dependency groups of pyproject.toml a cell installs
 PIP_WITH_GROUPS = "pip>=25.1"  # pip installs dependency groups (--group) since 25.1
 PLAIN_VERSION_ENV = "TORCH_FALLBACK_PLAIN_VERSION"  # setup.py: no local version label (PyPI)
 TORCH_LIBRARY_PATTERNS = ("libtorch*.so*", "libc10*.so*", "libshm*.so*")

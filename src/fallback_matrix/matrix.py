@@ -117,12 +117,20 @@ class ProjectTests(_Strict):
     tooling_paths: list[str] = Field(min_length=1, description="test paths, e.g. [tests/matrix]")
 
 
+class ModelsRun(_Strict):
+    """What `nox -s models` runs: the model zoo's tests in one cell."""
+
+    cell: CellName
+    tests: TestSelection
+
+
 class MatrixFile(_Strict):
     version: Literal[1] = Field(description="the schema version of this file: 1")
     defaults: Defaults
     runners: dict[str, list[str]] = Field(min_length=1, description="named runner label sets")
     variants: dict[VariantName, VariantSpec] = Field(min_length=1, description="cpu and cuda")
     project_tests: ProjectTests
+    models: ModelsRun | None = None
     cells: list[CellSpec] = Field(min_length=1, description="the list of cells")
 
 
@@ -251,6 +259,8 @@ def _reference_problems(spec: MatrixFile) -> Iterator[tuple[KeyPath, str]]:
             yield (*at, "runner"), f"unknown runner {cell.runner!r}; expected one of {runners}"
     if spec.project_tests.cell not in first:
         yield ("project_tests", "cell"), f"unknown cell; expected one of {sorted(first)}"
+    if spec.models is not None and spec.models.cell not in first:
+        yield ("models", "cell"), f"unknown cell; expected one of {sorted(first)}"
 
 
 class IndexUrl(NamedTuple):

@@ -148,10 +148,11 @@ def test_fill_downloads_for_the_cell_platform_and_completes(tmp_path: Path, fill
     assert torch_call[-1] == "torch==2.13.0+cpu"
     # pip resolves the dependency groups itself (and the pip that installs them in a cell)
     pyproject = tmp_path / "repo" / "pyproject.toml"
-    assert groups_call[-3:] == [
+    assert groups_call[-4:] == [
         "pip>=25.1",
         f"--group={pyproject}:build",
         f"--group={pyproject}:test",
+        f"--group={pyproject}:models",
     ]
     for call in pip.calls:
         assert "--only-binary=:all:" in call
