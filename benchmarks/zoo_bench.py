@@ -1,0 +1,234 @@
+"""The model zoo's speed: relay against native on the same device, with an A/A control.
+
+For each zoo model (tests/models/zoo.py): inference in float32 and bfloat16 (one
+forward, then a synchronize: what a user waiting for the result pays) and one
+float32 training step (forward, backward, AdamW step, synchronize), in ms.
+
+Three side processes answer one measurement per request: native (never imports
+torch_fallback: pytorch/pytorch#161129), relay (CUDA target and home), and control
+(a second native process in relay's place). Within a round each row is measured
+on every side back to back, in an order that rotates from round to round, so a
+slower host during a round slows all sides; a row's figure is the median of its
+per-round ratios, and the control's ratio is the noise floor of this host.
+
+    python benchmarks/zoo_bench.py --device cuda --rounds 16 --json zoo.json
+    python benchmarks/zoo_bench.py --device cpu --models bert,gpt2 --rounds 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ZOO_FILE = Path(__file__).resolve().parents[1] / "tests" / "models" / "zoo.py"
+SIDES = ("native", "relay", "control")
+MODES = ("infer-fp32", "infer-bf16", "train-fp32")
+MARK = "@@row "
+
+
+def load_zoo():
+    """tests/models/zoo.py by its path: it imports only torch and transformers."""
+    spec = importlib.util.spec_from_file_location("zoo", ZOO_FILE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["zoo"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+class Side:
+    """A child process (this script with --side) measuring one row per request."""
+
+    def __init__(self, side: str, argv: list[str]) -> None:
+        command = [sys.executable, __file__, *argv, "--side", side]
+        self.side = side
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
+        )
+        self.hello = self.read()
+
+    def read(self) -> dict:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if line.startswith(MARK):
+                return json.loads(line[len(MARK) :])
+        raise SystemExit(f"the {self.side} side failed (exit {self.process.wait()}); see above")
+
+    def measure(self, index: int) -> dict:
+        assert self.process.stdin is not None
+        self.process.stdin.write(f"{index}\n")
+        self.process.stdin.flush()
+        return self.read()
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait()
+
+
+def side_main(args: argparse.Namespace) -> int:
+    import torch
+
+    if args.side == "relay":
+        import torch_fallback
+        import torch_fallback.relay
+
+        torch_fallback.set_target(args.device)
+        torch_fallback.relay.set_home(args.device)
+    device = "relay" if args.side == "relay" else args.device
+    zoo = load_zoo()
+    plan = [{"model": m, "mode": mode} for m in args.models for mode in MODES]
+    meta = {"side": args.side, "torch": torch.__version__, "cpu": cpu_model()}
+    if args.device == "cuda":
+        meta["gpu"] = torch.cuda.get_device_name(0)
+    print(MARK + json.dumps({"meta": meta, "plan": plan}), flush=True)
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    built: dict[tuple[str, str], tuple] = {}
+
+    def prepared(name: str, mode: str):
+        dtype = torch.bfloat16 if mode == "infer-bf16" else torch.float32
+        key = (name, mode)
+        if key not in built:
+            model, case = zoo.make_case(name, 1)
+            model = model.to(device=device, dtype=dtype)
+            inputs = case["batches"][0] if mode == "train-fp32" else case["eval"]
+
+            def move(value):
+                if isinstance(value, torch.Tensor):
+                    value = value.to(device)
+                    return value.to(dtype) if value.is_floating_point() else value
+                return value
+
+            inputs = {k: move(v) for k, v in inputs.items()}
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            built[key] = (model, inputs, optimizer)
+        return built[key]
+
+    for line in sys.stdin:
+        row = plan[int(line)]
+        model, inputs, optimizer = prepared(row["model"], row["mode"])
+        if row["mode"] == "train-fp32":
+            model.train()
+
+            def call():
+                optimizer.zero_grad()
+                model(**inputs).loss.backward()
+                optimizer.step()
+        else:
+            model.eval()
+
+            def call():
+                with torch.no_grad():
+                    model(**inputs)
+
+        for _ in range(3):  # warm-up: allocator, autotuning, lazy init
+            call()
+        sync()
+        times, deadline = [], time.perf_counter() + args.budget
+        while time.perf_counter() < deadline or len(times) < 5:
+            start = time.perf_counter()
+            call()
+            sync()
+            times.append((time.perf_counter() - start) * 1e3)
+        print(MARK + json.dumps({**row, "ms": statistics.median(times)}), flush=True)
+    return 0
+
+
+def run(args: argparse.Namespace, forwarded: list[str]) -> dict:
+    sides = {side: Side(side, forwarded) for side in SIDES}
+    plan = sides["native"].hello["plan"]
+    per_round: dict[str, list[list[float]]] = {side: [] for side in SIDES}
+    for round_index in range(args.rounds):
+        order = SIDES[round_index % 3 :] + SIDES[: round_index % 3]
+        times: dict[str, list[float]] = {side: [0.0] * len(plan) for side in SIDES}
+        for index in range(len(plan)):
+            for side in order:
+                times[side][index] = sides[side].measure(index)["ms"]
+        for side in SIDES:
+            per_round[side].append(times[side])
+        print(f"round {round_index + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+    for side in sides.values():
+        side.close()
+    rows = []
+    for index, row in enumerate(plan):
+        native = [r[index] for r in per_round["native"]]
+        ratios = {s: [r[index] / n for r, n in zip(per_round[s], native)] for s in SIDES[1:]}
+        rows.append({
+            **row,
+            "native_ms": statistics.median(native),
+            "relay_ms": statistics.median(r[index] for r in per_round["relay"]),
+            "relay_ratio": statistics.median(ratios["relay"]),
+            "relay_quartiles": quartiles(ratios["relay"]),
+            "control_ratio": statistics.median(ratios["control"]),
+        })  # fmt: skip
+    meta = {**sides["relay"].hello["meta"], "rounds": args.rounds, "budget_s": args.budget}
+    meta["command"] = " ".join(["python", "benchmarks/zoo_bench.py", *forwarded])
+    return {"meta": meta, "rows": rows}
+
+
+def quartiles(values: list[float]) -> list[float] | None:
+    if len(values) < 2:
+        return None
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return [q1, q3]
+
+
+def render(result: dict) -> str:
+    meta = result["meta"]
+    lines = [
+        f"zoo speed, relay/native (median of {meta['rounds']} paired rounds; control = A/A)",
+        f"host: {meta['cpu']}; {meta.get('gpu', 'no GPU')}; torch {meta['torch']}",
+        "",
+        "| model | mode | native ms | relay ms | relay/native (quartiles) | control |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for row in result["rows"]:
+        q = row["relay_quartiles"]
+        spread = f" ({q[0]:.2f}-{q[1]:.2f})" if q else ""
+        lines.append(
+            f"| {row['model']} | {row['mode']} | {row['native_ms']:.2f} | {row['relay_ms']:.2f} "
+            f"| {row['relay_ratio']:.2f}{spread} | {row['control_ratio']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--models", default="", help="comma-separated zoo names (default: all)")
+    parser.add_argument("--rounds", type=int, default=16)
+    parser.add_argument("--budget", type=float, default=0.1, help="seconds per measurement")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    if not args.models:
+        args.models = [entry.name for entry in load_zoo().ZOO]
+        argv = [*argv, "--models", ",".join(args.models)]
+    else:
+        args.models = args.models.split(",")
+    if args.side:
+        return side_main(args)
+    result = run(args, argv)
+    print(render(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
