@@ -92,6 +92,7 @@ extensions = [
             "native_kernels.cpp",
             "batch_norm.cpp",
             "fallback.cpp",
+            "distributed.cpp",
         ),
         include_dirs=[PUBLIC_INCLUDE],
         define_macros=version_macros,

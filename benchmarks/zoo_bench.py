@@ -118,22 +118,23 @@ def side_main(args: argparse.Namespace) -> int:
             built[key] = (model, inputs, optimizer)
         return built[key]
 
+    def step(model, inputs, optimizer, train: bool) -> None:
+        if train:
+            optimizer.zero_grad()
+            model(**inputs).loss.backward()
+            optimizer.step()
+        else:
+            with torch.no_grad():
+                model(**inputs)
+
     for line in sys.stdin:
         row = plan[int(line)]
         model, inputs, optimizer = prepared(row["model"], row["mode"])
-        if row["mode"] == "train-fp32":
-            model.train()
+        train = row["mode"] == "train-fp32"
+        model.train(train)
 
-            def call():
-                optimizer.zero_grad()
-                model(**inputs).loss.backward()
-                optimizer.step()
-        else:
-            model.eval()
-
-            def call():
-                with torch.no_grad():
-                    model(**inputs)
+        def call(model=model, inputs=inputs, optimizer=optimizer, train=train) -> None:
+            step(model, inputs, optimizer, train)
 
         for _ in range(3):  # warm-up: allocator, autotuning, lazy init
             call()
@@ -166,15 +167,19 @@ def run(args: argparse.Namespace, forwarded: list[str]) -> dict:
     rows = []
     for index, row in enumerate(plan):
         native = [r[index] for r in per_round["native"]]
-        ratios = {s: [r[index] / n for r, n in zip(per_round[s], native)] for s in SIDES[1:]}
-        rows.append({
-            **row,
-            "native_ms": statistics.median(native),
-            "relay_ms": statistics.median(r[index] for r in per_round["relay"]),
-            "relay_ratio": statistics.median(ratios["relay"]),
-            "relay_quartiles": quartiles(ratios["relay"]),
-            "control_ratio": statistics.median(ratios["control"]),
-        })  # fmt: skip
+        ratios = {
+            s: [r[index] / n for r, n in zip(per_round[s], native, strict=True)] for s in SIDES[1:]
+        }
+        rows.append(
+            {
+                **row,
+                "native_ms": statistics.median(native),
+                "relay_ms": statistics.median(r[index] for r in per_round["relay"]),
+                "relay_ratio": statistics.median(ratios["relay"]),
+                "relay_quartiles": quartiles(ratios["relay"]),
+                "control_ratio": statistics.median(ratios["control"]),
+            }
+        )
     meta = {**sides["relay"].hello["meta"], "rounds": args.rounds, "budget_s": args.budget}
     meta["command"] = " ".join(["python", "benchmarks/zoo_bench.py", *forwarded])
     return {"meta": meta, "rows": rows}

@@ -41,6 +41,12 @@ def missing_gpu_reason() -> str | None:
     return None
 
 
+def visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
 def torch_built_with_cuda() -> bool | None:
     try:
         import torch
@@ -55,7 +61,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     built_with_cuda: bool | None = None
     for item in items:
         markers = {mark.name for mark in item.iter_markers()}
-        if not markers & {"requires_cuda", "cpu_wheel", "cuda_wheel"}:
+        if not markers & {"requires_cuda", "requires_two_gpus", "cpu_wheel", "cuda_wheel"}:
             continue
         if not checked:
             missing_gpu, built_with_cuda, checked = (
@@ -65,6 +71,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             )
         if "requires_cuda" in markers and missing_gpu is not None and not gpu_requirement():
             item.add_marker(pytest.mark.skip(reason=f"requires_cuda: {missing_gpu}"))
+        elif "requires_two_gpus" in markers and missing_gpu is None and visible_gpus() < 2:
+            item.add_marker(pytest.mark.skip(reason=f"requires_two_gpus: {visible_gpus()} visible"))
         if "cpu_wheel" in markers and built_with_cuda:
             item.add_marker(pytest.mark.skip(reason="cpu_wheel: torch here is a CUDA build"))
         if "cuda_wheel" in markers and built_with_cuda is False:

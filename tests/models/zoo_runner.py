@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 import zoo
 
 STEPS = 2
@@ -58,7 +57,9 @@ def tied_groups(model: torch.nn.Module) -> list[list[str]]:
     return sorted(names for names in by_object.values() if len(names) > 1)
 
 
-def run_case(name: str, model: torch.nn.Module, case: dict[str, Any], device: str) -> dict[str, Any]:
+def run_case(
+    name: str, model: torch.nn.Module, case: dict[str, Any], device: str
+) -> dict[str, Any]:
     """The zoo's three uses of ``model`` on ``device``; results on the CPU."""
     entry = zoo.BY_NAME[name]
     model.to(device)
@@ -69,9 +70,13 @@ def run_case(name: str, model: torch.nn.Module, case: dict[str, Any], device: st
         if entry.generates:
             prompt = _to(case["prompt"], device)
             ids = model.generate(
-                **prompt, max_new_tokens=zoo.NEW_TOKENS, min_new_tokens=zoo.NEW_TOKENS,
-                do_sample=False, use_cache=True, num_beams=1,
-            )  # fmt: skip
+                **prompt,
+                max_new_tokens=zoo.NEW_TOKENS,
+                min_new_tokens=zoo.NEW_TOKENS,
+                do_sample=False,
+                use_cache=True,
+                num_beams=1,
+            )
             results["generate"] = _cpu(ids)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -101,8 +106,12 @@ def run_references(
     env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
     completed = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), str(request), str(result)],
-        capture_output=True, text=True, env=env, cwd=workdir, timeout=1800,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=workdir,
+        timeout=1800,
+    )
     if completed.returncode != 0:
         raise AssertionError(
             f"the eager zoo reference on {device} exited with {completed.returncode}:\n"

@@ -9,6 +9,7 @@
 #include <torch_fallback/cuda.h>
 #include <torch_fallback/cuda_functions.h>
 
+#include "distributed.h"
 #include "metrics.h"
 #include "settings.h"
 
@@ -61,6 +62,7 @@ py::dict metrics_snapshot() {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch-fallback: a generalized boxed fallback for out-of-tree backends";
   translate_c10_errors();
+  torch_fallback::distributed::bind(m);
 
   m.attr("built_torch_version") = TORCH_FALLBACK_BUILT_TORCH;
   m.attr("built_cuda_version") = TORCH_FALLBACK_BUILT_CUDA;

@@ -167,6 +167,20 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& 
 
 }  // namespace
 
+namespace {
+std::array<std::atomic<const BackendAdapter*>,
+           static_cast<size_t>(c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES)>
+    adapters{};
+}  // namespace
+
+void register_adapter(const BackendAdapter& backend) {
+  adapters[static_cast<size_t>(backend.device_type)] = &backend;
+}
+
+const BackendAdapter* adapter_for(c10::DeviceType device_type) {
+  return adapters[static_cast<size_t>(device_type)].load();
+}
+
 void register_device_moves(c10::DeviceType device_type) {
   static std::once_flag dense_once;
   std::call_once(dense_once, [] {

@@ -18,6 +18,7 @@ import sys
 import torch
 
 import torch_fallback  # the library relay's extension resolves its fallback from
+from torch_fallback import distributed as _distributed
 
 from .._scoped import scoped
 from . import _C, _cuda_autograd, _inductor
@@ -238,6 +239,7 @@ def _register() -> None:
 
 
 _register()
+_distributed.register(NAME)  # "relaycc": collectives on gloo (host home) or NCCL (CUDA home)
 _cuda_autograd.install()
 if "TORCH_FALLBACK_RELAY_HOME" in os.environ:
     set_home(os.environ["TORCH_FALLBACK_RELAY_HOME"].strip())

@@ -170,6 +170,12 @@ TORCH_FALLBACK_API void register_view_kernels(torch::Library& aten);
 // composite one (addr, the norms) checks and computes as the CPU kernel does.
 TORCH_FALLBACK_API const std::vector<std::string>& ops_run_whole();
 
+// The adapter registered for `device_type` (register_kernels registers the
+// backend's), or null: what the library's pieces reached from Python without a
+// template argument (the c10d backend of torch_fallback.distributed) use.
+TORCH_FALLBACK_API void register_adapter(const BackendAdapter& backend);
+TORCH_FALLBACK_API const BackendAdapter* adapter_for(c10::DeviceType device_type);
+
 // Lets nn.Module.to (and .data = ...) move a tensor between `device_type` and
 // the CPU or CUDA in place, as it moves one between the CPU and CUDA: the
 // Parameter object stays, so tied weights stay tied and an optimizer built
@@ -447,6 +453,7 @@ struct CopyKernels {
 template <const BackendAdapter& (*Adapter)()>
 void register_kernels(torch::Library& aten) {
   detail::register_math_bit_fallthroughs();
+  register_adapter(Adapter());
   register_device_moves(Adapter().device_type);
   if (Adapter().device_type == c10::DeviceType::PrivateUse1) detail::register_sdp_choice();
   register_view_kernels(aten);

@@ -1,0 +1,82 @@
+"""torch.distributed for any backend of the library: collectives on PyTorch's own engines.
+
+c10d sends a device's collectives to the backend registered for its device type.
+``register("relay")`` registers one whose every collective runs on the engine of
+the memory the tensors live in, on zero-copy views of it: ProcessGroupGloo for
+host memory, ProcessGroupNCCL for CUDA memory. Nothing is reimplemented: the
+engines do the work, with their own timeouts and errors.
+
+    import torch.distributed as dist
+    import torch_fallback.relay              # registers "relaycc" for relay tensors
+    dist.init_process_group()                # cpu:gloo,relay:relaycc
+    dist.init_process_group("cpu:gloo,relay:relaycc")  # the same, spelled out
+
+Importing this module registers nothing; a backend calls ``register`` (relay does
+on import).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from ._extension import _C
+
+__all__ = ["backend_name", "register"]
+
+
+def backend_name(device: str) -> str:
+    """The c10d backend name ``register(device)`` gives: ``<device>cc`` ("relaycc")."""
+    return f"{device}cc"
+
+
+def register(device: str) -> str | None:
+    """Register the c10d backend for ``device`` (a backend of the library, already
+    imported); returns its name, or None where torch has no torch.distributed."""
+    if not dist.is_available():
+        return None
+    name = backend_name(device)
+    if name.upper() in dist.Backend._plugins:
+        return name
+
+    def create(store: dist.Store, rank: int, size: int, timeout: timedelta) -> dist.ProcessGroup:
+        backend = _C.HomeBackend(
+            device,
+            rank,
+            size,
+            name,
+            _host_engine(store, rank, size, timeout),
+            _cuda_engine(store, rank, size, timeout),
+        )
+        # A whole process group, not only a backend: init_process_group() with no backend
+        # would otherwise make gloo the group's default backend, which DDP asks for by type
+        # and this group has none of. It serves CPU tensors too (gloo), whatever was named.
+        group = dist.ProcessGroup(store, rank, size)
+        custom = dist.ProcessGroup.BackendType.CUSTOM
+        for served in (device, "cpu"):
+            group._register_backend(torch.device(served), custom, backend)
+        group._set_default_backend(custom)
+        return group
+
+    # CPU tensors too (on gloo), so init_process_group(name) serves both, as "nccl" does
+    # CUDA's; with no backend named, init_process_group() takes it for the device.
+    dist.Backend.register_backend(name, create, devices=[device, "cpu"])
+    return name
+
+
+def _host_engine(store: dist.Store, rank: int, size: int, timeout: timedelta) -> object | None:
+    if not dist.is_gloo_available():
+        return None
+    prefixed = dist.PrefixStore("gloo/", store)
+    return dist.ProcessGroupGloo(prefixed, rank, size, timeout)
+
+
+def _cuda_engine(store: dist.Store, rank: int, size: int, timeout: timedelta) -> object | None:
+    """NCCL where torch has it and a GPU is visible; its communicators start at first use."""
+    if not (dist.is_nccl_available() and torch.cuda.is_available()):
+        return None
+    options = dist.ProcessGroupNCCL.Options()
+    options._timeout = timeout
+    return dist.ProcessGroupNCCL(dist.PrefixStore("nccl/", store), rank, size, options)

@@ -1,0 +1,124 @@
+"""torch.distributed on relay: each collective on the engine of the tensors' home.
+
+Host-homed relay runs on gloo with two processes in every cell; CUDA-homed relay
+runs on NCCL, with world size 1 on one GPU and the same tests marked
+``requires_two_gpus`` for two. Each rank is a process of its own
+(torch.multiprocessing.spawn); distributed_cases.py holds what the ranks run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from distributed_cases import DDP_VARIANTS, TIMEOUT_S, reference_training, run_rank
+
+import torch_fallback.distributed
+
+pytestmark = pytest.mark.skipif(
+    not torch.distributed.is_available(), reason="torch.distributed is not built in this torch"
+)
+
+# (home, target, world size) of each engine's runs
+GLOO = pytest.param(("cpu", "cpu", 2), id="gloo-2-ranks")
+NCCL = [
+    pytest.param(
+        ("cuda", target, 1), id=f"nccl-1-rank-target-{target}", marks=pytest.mark.requires_cuda
+    )
+    for target in ("cuda", "cpu")
+] + [
+    pytest.param(
+        ("cuda", "cuda", 2),
+        id="nccl-2-ranks",
+        marks=[pytest.mark.requires_cuda, pytest.mark.requires_two_gpus],
+    )
+]
+ENGINES = [GLOO, *NCCL]
+
+
+def spawn(case: str, setup: tuple[str, str, int], tmp_path: Path, backend: str | None = None):
+    home, target, world = setup
+    mp.spawn(
+        run_rank,
+        args=(world, case, str(tmp_path), home, target, backend),
+        nprocs=world,
+        join=True,
+    )
+    results = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=False) for rank in range(world)]
+    for rank, result in enumerate(results):
+        assert "error" not in result, f"rank {rank}: {result['error']}\n{result.get('trace', '')}"
+    return results
+
+
+@pytest.mark.parametrize("setup", ENGINES)
+def test_every_collective_matches_its_definition(setup, tmp_path):
+    for rank, result in enumerate(spawn("collectives", setup, tmp_path)):
+        names = [name for name, _, _ in result["checks"]]
+        assert "all_gather_into_tensor" in names and "reduce_scatter_tensor" in names
+        for name, got, expected in result["checks"]:
+            torch.testing.assert_close(
+                got, expected.to(got.dtype), msg=lambda m, n=name, r=rank: f"rank {r}, {n}: {m}"
+            )
+
+
+@pytest.mark.parametrize(
+    "backend", [None, "relaycc", "cpu:gloo,relay:relaycc"], ids=["no-backend", "name", "pairs"]
+)
+def test_init_process_group_spellings(backend, tmp_path):
+    results = spawn("collectives", ("cpu", "cpu", 2), tmp_path, backend)
+    assert "relay:relaycc" in results[0]["backend"]
+
+
+TOLERANCE: dict[str, dict[str, float]] = {
+    "fp16_compress_hook": {"rtol": 2e-3, "atol": 2e-3},
+    "bf16_compress_hook": {"rtol": 2e-2, "atol": 2e-2},
+}
+
+
+@pytest.mark.parametrize("variant", sorted(DDP_VARIANTS))
+@pytest.mark.parametrize("setup", ENGINES)
+def test_ddp_trains_as_one_process_over_the_global_batch(setup, variant, tmp_path):
+    if variant == "bf16_compress_hook" and setup[0] == "cpu":
+        # PyTorch's own hook refuses every engine but NCCL and XCCL, as for CPU tensors
+        with pytest.raises(AssertionError, match="BF16 all reduce communication hook required"):
+            spawn(f"ddp-{variant}", setup, tmp_path)
+        return
+    results = spawn(f"ddp-{variant}", setup, tmp_path)
+    expected = reference_training(variant)
+    tolerance = TOLERANCE.get(variant, {"rtol": 1e-10, "atol": 1e-12})
+    for rank, result in enumerate(results):
+        assert result["devices"] == ["relay"] and result["grad_devices"] == ["relay"]
+        for name, reference in expected.items():
+            torch.testing.assert_close(
+                result["parameters"][name],
+                reference,
+                **tolerance,
+                msg=lambda m, n=name, r=rank: f"rank {r}, {variant}, {n}: {m}",
+            )
+
+
+@pytest.mark.parametrize("case", ["stalled-peer", "dead-peer"])
+def test_a_lost_peer_gives_the_others_the_engines_error_never_a_hang(case, tmp_path):
+    mp.spawn(run_rank, args=(2, case, str(tmp_path), "cpu", "cpu", None), nprocs=2)
+    result: dict[str, Any] = torch.load(tmp_path / "rank0.pt", weights_only=False)
+    assert "error" not in result, result.get("trace")
+    assert result["raised"], "all_reduce returned although its peer never joined"
+    if case == "stalled-peer":
+        assert "timed out" in result["raised"].lower() or "timeout" in result["raised"].lower()
+    assert result["seconds"] < TIMEOUT_S * 3, f"took {result['seconds']:.1f}s to fail"
+
+
+def test_the_backend_is_registered_under_its_documented_name():
+    assert torch_fallback.distributed.backend_name("relay") == "relaycc"
+    assert torch.distributed.Backend.default_device_backend_map["relay"] == "relaycc"
+    # CPU collectives keep gloo unless a process group names relaycc for them
+    assert torch.distributed.Backend.default_device_backend_map["cpu"] == "gloo"
+
+
+@pytest.mark.requires_cuda
+def test_tensors_in_two_homes_are_a_clear_error(tmp_path):
+    with pytest.raises(Exception, match="different homes"):
+        spawn("mixed-homes", ("cuda", "cuda", 1), tmp_path)
