@@ -135,3 +135,34 @@ def test_cpu_wheel_calling_c10_cuda_raises_the_stubs_error():
 @pytest.mark.requires_cuda
 def test_gpu_calling_c10_cuda_reaches_libc10_cuda():
     assert tinydev.cuda_current_device() == torch.cuda.current_device()
+
+
+def test_two_processes_all_reduce_tinydev_tensors_through_the_library(tmp_path):
+    """torch_fallback.distributed serves any backend of the library: here gloo, on
+    zero-copy views of tinydev's host memory."""
+    code = f"""
+        import sys, torch, torch.distributed as dist
+        import tinydev
+        rank = int(sys.argv[1])
+        dist.init_process_group(init_method="file://{tmp_path}/store", rank=rank, world_size=2)
+        x = torch.full((3,), float(rank + 1), device="tinydev")
+        dist.all_reduce(x)
+        out = [torch.empty(3, device="tinydev") for _ in range(2)]
+        dist.all_gather(out, x)
+        print(dist.get_backend_config(), x.cpu().tolist(), [o.device.type for o in out])
+        dist.destroy_process_group()
+    """
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(code), str(rank)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    for process in ranks:
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0, err[-3000:]
+        assert "tinydev:tinydevcc" in out and "[3.0, 3.0, 3.0]" in out, out
+        assert "['tinydev', 'tinydev']" in out

@@ -19,7 +19,8 @@ import torch
 # functions undefined, and `import torch_fallback` puts both in the global
 # symbol scope (c10::cuda from libc10_cuda.so, or from torch-fallback's stub
 # on a CPU-only PyTorch).
-import torch_fallback  # noqa: F401
+import torch_fallback
+import torch_fallback.distributed
 
 NAME = "tinydev"
 
@@ -115,3 +116,5 @@ def _register() -> None:
 
 
 _register()
+# torch.distributed: the library's c10d backend, "tinydevcc" (gloo for tinydev's host memory)
+torch_fallback.distributed.register(NAME)
