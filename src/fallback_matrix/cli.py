@@ -28,7 +28,7 @@ from .matrix import Cell, CellError, LoadedMatrix, MatrixError, pick_cells
 from .report import JUNIT_FILE, LOG_FILE, RESULT_FILE, Reporter, run_process
 from .runners import Runner
 from .wheelhouse import ensure_wheelhouse, wheelhouse_path
-from .workflows import REGENERATE_COMMAND, check_workflows, plan_workflows
+from .workflows import REGENERATE_COMMAND, check_workflows, cross_tests, plan_workflows
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 TOOLING_ROW = "tooling"
@@ -255,6 +255,9 @@ def cmd_list(c: Context) -> int:
     c.reporter.table(table)
     for variant, index in sorted({(cell.variant, cell.index) for cell in c.cells}):
         c.reporter.line(f"index {variant}: {index.url}  ({index.source})")
+    for cross in cross_tests(c.cells):
+        what = f"the wheel of {cross.source.name} on the torch of {cross.target.name}"
+        c.reporter.line(f"cross test {cross.name}: {what}, -m '{cross.cell.tests.markers}'")
     return EXIT_OK
 
 
@@ -294,17 +297,34 @@ def cmd_tooling_tests(c: Context) -> int:
     return c.publish([TOOLING_ROW], "tooling")
 
 
-def cmd_test_wheel(c: Context) -> int:
-    cell = c.cell(c.args.cell, c.args.name)
-    found = find_wheel(Path(c.args.wheel))
+def run_wheel_tests(c: Context, cell: Cell, wheel_path: Path, of: str) -> int:
+    """Test the wheel at ``wheel_path`` (or the one in that directory) in ``cell``, a cell of
+    the matrix (``of``) whose results may be named otherwise."""
+    found = find_wheel(wheel_path)
     # a copy under the repository, where every runner (a container too) sees it, and safe from
     # the results directory this run replaces
     staging = c.matrix.root / ".cache" / "test-wheel" / cell.name
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     wheel = Path(shutil.copy2(found, staging / found.name))
-    c.reporter.rule(f"testing {wheel.name} in cell {c.args.cell} (results: {cell.name})")
+    c.reporter.rule(f"testing {wheel.name} in cell {of} (results: {cell.name})")
     return c.run([cell], "wheel tests", prebuilt_wheel=str(wheel))
+
+
+def cmd_test_wheel(c: Context) -> int:
+    return run_wheel_tests(c, c.cell(c.args.cell, c.args.name), Path(c.args.wheel), c.args.cell)
+
+
+def cmd_cross(c: Context) -> int:
+    crosses = {cross.name: cross for cross in cross_tests(c.cells)}
+    if (cross := crosses.get(c.args.cross)) is None:
+        raise MatrixError(
+            f"no cross test {c.args.cross!r} in {c.matrix.file.name}; it has "
+            f"{', '.join(crosses) or 'none'} (a cpu and a cuda build cell of the same torch "
+            "release and Python make a pair, one in each direction)"
+        )
+    wheel = Path(c.args.wheel) if c.args.wheel else c.artifacts / cross.source.name
+    return run_wheel_tests(c, cross.cell, wheel, cross.target.name)
 
 
 def cmd_dist(c: Context) -> int:
