@@ -233,10 +233,16 @@ class Context:
         rows = summary.collect_rows(self.artifacts, names)
         if not rows:
             raise MatrixError(f"no cell results under {self.artifacts}; run cells first")
+        steps = summary.collect_step_times(self.artifacts, names)
         self.reporter.table(summary.render_table(rows, title=title))
+        if steps:
+            self.reporter.table(summary.render_step_table(steps, title=f"{title}: step times"))
         if target := os.environ.get("GITHUB_STEP_SUMMARY"):
             with open(target, "a", encoding="utf-8") as handle:
                 handle.write(summary.render_markdown(rows, title=title))
+                if steps:
+                    markdown = summary.render_step_markdown(steps, title=f"{title}: step times")
+                    handle.write("\n" + markdown)
         self.reporter.line(summary.closing_line(rows, label=title))
         for row in rows:  # every failed cell's result says why
             if error := summary.read_json(self.artifacts / row.cell / RESULT_FILE).get("error"):
