@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent
 nox.options.default_venv_backend = "venv"
 nox.options.sessions = ["tests"]
 
+
 def _call(session: nox.Session, *args: str) -> None:
     status = cli.main([*args, *session.posargs])
     if status != 0:
@@ -49,12 +50,11 @@ def _build_session(cell: str) -> None:
 
 def _cross_session(cross: CrossTest) -> None:
     def run_cross(session: nox.Session) -> None:
-        wheel = f"artifacts/{cross.cpu.name}"
-        _call(session, "test-wheel", cross.cuda.name, "--wheel", wheel, "--as", cross.name)
+        _call(session, "cross", cross.name)
 
     run_cross.__doc__ = (
-        f"The wheel of cell {cross.cpu.name!r} (nox -s build-{cross.cpu.name} first) tested on "
-        f"the CUDA torch of cell {cross.cuda.name!r}."
+        f"The wheel of cell {cross.source.name!r} (nox -s build-{cross.source.name} first) "
+        f"tested on the {cross.target.variant.upper()} torch of cell {cross.target.name!r}."
     )
     nox.session(name=cross.name, python=False)(run_cross)
 
@@ -74,7 +74,7 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def models(session: nox.Session) -> None:
-    """The model zoo (tests/models) in matrix.yaml's `models` cell, every model (-- --runner ...)."""
+    """The model zoo (tests/models) in matrix.yaml's `models` cell, every model (-- --runner)."""
     _call(session, "models")
 
 

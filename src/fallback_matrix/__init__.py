@@ -15,6 +15,9 @@ result      ``artifacts/<cell>/``: the wheel, junit.xml, auditwheel.txt, cell.lo
 summary     the table of results, a row per cell and per example (``summary``)
 example     the third-party backend every job builds and tests against the wheel
 gpu test    a ``gpu: true`` cell: the wheel of the build cell with the same torch, on a GPU
-cross test  the wheel of a cpu cell on the CUDA build of the same torch release
+cross test  the wheel of a cpu cell on the CUDA build of the same torch release, and the reverse
+            (``workflows.cross_tests``)
+cache       the wheelhouses and the cells' cached environments, each kept under a size cap,
+            least recently used pruned first, never an entry in use (``cache``)
 workflow    a GitHub workflow generated from the matrix (``workflows``, from workflows.yaml)
 """

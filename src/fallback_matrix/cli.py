@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -22,13 +22,13 @@ from packaging.utils import parse_wheel_filename
 from rich.table import Table
 from ruamel.yaml import YAML
 
-from . import matrix, runners, summary
+from . import cache, matrix, runners, summary
 from .job import Job, pytest_command
 from .matrix import Cell, CellError, LoadedMatrix, MatrixError, pick_cells
 from .report import JUNIT_FILE, LOG_FILE, RESULT_FILE, Reporter, run_process
 from .runners import Runner
-from .wheelhouse import ensure_wheelhouse
-from .workflows import REGENERATE_COMMAND, check_workflows, plan_workflows
+from .wheelhouse import ensure_wheelhouse, wheelhouse_path
+from .workflows import REGENERATE_COMMAND, check_workflows, cross_tests, plan_workflows
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 TOOLING_ROW = "tooling"
@@ -75,11 +75,37 @@ def make_job(matrix: LoadedMatrix, cell: Cell, cache: Path, artifacts: Path, **o
     )
 
 
+def cache_cap(option: str | None, environ: Mapping[str, str] = os.environ) -> int | None:
+    """The cap in bytes of each cache store: --cache-cap, else $FALLBACK_MATRIX_CACHE_CAP, else
+    the default; None: off."""
+    text = option or environ.get(cache.CAP_ENV) or cache.DEFAULT_CAP
+    try:
+        return cache.parse_cap(text)
+    except cache.CapError as error:
+        raise MatrixError(str(error)) from None
+
+
+def prune_wheelhouses(wheelhouse: Path, cap: int | None, log: Reporter) -> None:
+    """Keep the wheelhouses under ``cap``, least recently used pruned first, ``wheelhouse``
+    (this cell's) kept. A problem here is reported, never a failed cell."""
+    if cap is None:
+        log.say("cache cap off: wheelhouses are not pruned")
+        return
+    try:
+        pruned = cache.prune(wheelhouse.parent, cap, keep=[wheelhouse], what="wheelhouses")
+    except OSError as error:
+        log.say(f"warning: pruning the wheelhouses in {wheelhouse.parent} failed: {error}")
+        return
+    for line in pruned.lines():
+        log.say(line)
+
+
 def run_cell(
     matrix: LoadedMatrix, cell: Cell, runner: Runner, out: Path, reporter: Reporter, **options: Any
 ) -> dict[str, Any]:
     """Run one cell, its result (cell.log, result.json, the job's artifacts) in ``out``;
-    ``options``: Job fields. A failure ends up in result.json's record, returned, never raised."""
+    ``options``: Job fields (``cache_cap`` also bounds the wheelhouses). A failure ends up in
+    result.json's record, returned, never raised."""
     shutil.rmtree(out, ignore_errors=True)
     started, error, exit_code, where = time.monotonic(), None, 1, runner.name
     with reporter.for_cell(cell.name, out / LOG_FILE) as log:
@@ -87,10 +113,12 @@ def run_cell(
         index = f"index {cell.index.url} ({cell.index.source})"
         log.say(f"torch=={cell.torch} ({cell.variant}), Python {cell.python}, {tests}, {index}")
         try:
-            cache = cache_root(matrix.root)
-            wheelhouse = ensure_wheelhouse(cell, matrix.root / "pyproject.toml", cache, log)
-            job = make_job(matrix, cell, cache, out, wheelhouse=str(wheelhouse), **options)
-            exit_code, where = runner.run(job, log)
+            root, pyproject = cache_root(matrix.root), matrix.root / "pyproject.toml"
+            with cache.in_use(wheelhouse_path(cell, pyproject, root)):
+                wheelhouse = ensure_wheelhouse(cell, pyproject, root, log)
+                prune_wheelhouses(wheelhouse, options.get("cache_cap"), log)
+                job = make_job(matrix, cell, root, out, wheelhouse=str(wheelhouse), **options)
+                exit_code, where = runner.run(job, log)
             if exit_code != 0:
                 status = f"exit status {exit_code}{EXIT_REASONS.get(exit_code, '')}"
                 error = f"cell {cell.name} failed in {where} ({status}); log: {log.path}"
@@ -191,7 +219,7 @@ class Context:
         """Run ``cells`` (``options``: Job fields), then publish them (or ``names``)."""
         runner, reason = runners.choose_runner(self.args.runner)
         self.reporter.say(f"runner {runner.name} ({reason})")
-        options = {"gpus": self.args.gpus, **options}
+        options = {"gpus": self.args.gpus, "cache_cap": cache_cap(self.args.cache_cap), **options}
         for number, cell in enumerate(cells, start=1):
             self.reporter.rule(f"cell {cell.name} ({number}/{len(cells)}) - runner {runner.name}")
             out = self.artifacts / cell.name
@@ -205,10 +233,16 @@ class Context:
         rows = summary.collect_rows(self.artifacts, names)
         if not rows:
             raise MatrixError(f"no cell results under {self.artifacts}; run cells first")
+        steps = summary.collect_step_times(self.artifacts, names)
         self.reporter.table(summary.render_table(rows, title=title))
+        if steps:
+            self.reporter.table(summary.render_step_table(steps, title=f"{title}: step times"))
         if target := os.environ.get("GITHUB_STEP_SUMMARY"):
             with open(target, "a", encoding="utf-8") as handle:
                 handle.write(summary.render_markdown(rows, title=title))
+                if steps:
+                    markdown = summary.render_step_markdown(steps, title=f"{title}: step times")
+                    handle.write("\n" + markdown)
         self.reporter.line(summary.closing_line(rows, label=title))
         for row in rows:  # every failed cell's result says why
             if error := summary.read_json(self.artifacts / row.cell / RESULT_FILE).get("error"):
@@ -227,6 +261,9 @@ def cmd_list(c: Context) -> int:
     c.reporter.table(table)
     for variant, index in sorted({(cell.variant, cell.index) for cell in c.cells}):
         c.reporter.line(f"index {variant}: {index.url}  ({index.source})")
+    for cross in cross_tests(c.cells):
+        what = f"the wheel of {cross.source.name} on the torch of {cross.target.name}"
+        c.reporter.line(f"cross test {cross.name}: {what}, -m '{cross.cell.tests.markers}'")
     return EXIT_OK
 
 
@@ -266,17 +303,34 @@ def cmd_tooling_tests(c: Context) -> int:
     return c.publish([TOOLING_ROW], "tooling")
 
 
-def cmd_test_wheel(c: Context) -> int:
-    cell = c.cell(c.args.cell, c.args.name)
-    found = find_wheel(Path(c.args.wheel))
+def run_wheel_tests(c: Context, cell: Cell, wheel_path: Path, of: str) -> int:
+    """Test the wheel at ``wheel_path`` (or the one in that directory) in ``cell``, a cell of
+    the matrix (``of``) whose results may be named otherwise."""
+    found = find_wheel(wheel_path)
     # a copy under the repository, where every runner (a container too) sees it, and safe from
     # the results directory this run replaces
     staging = c.matrix.root / ".cache" / "test-wheel" / cell.name
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     wheel = Path(shutil.copy2(found, staging / found.name))
-    c.reporter.rule(f"testing {wheel.name} in cell {c.args.cell} (results: {cell.name})")
+    c.reporter.rule(f"testing {wheel.name} in cell {of} (results: {cell.name})")
     return c.run([cell], "wheel tests", prebuilt_wheel=str(wheel))
+
+
+def cmd_test_wheel(c: Context) -> int:
+    return run_wheel_tests(c, c.cell(c.args.cell, c.args.name), Path(c.args.wheel), c.args.cell)
+
+
+def cmd_cross(c: Context) -> int:
+    crosses = {cross.name: cross for cross in cross_tests(c.cells)}
+    if (cross := crosses.get(c.args.cross)) is None:
+        raise MatrixError(
+            f"no cross test {c.args.cross!r} in {c.matrix.file.name}; it has "
+            f"{', '.join(crosses) or 'none'} (a cpu and a cuda build cell of the same torch "
+            "release and Python make a pair, one in each direction)"
+        )
+    wheel = Path(c.args.wheel) if c.args.wheel else c.artifacts / cross.source.name
+    return run_wheel_tests(c, cross.cell, wheel, cross.target.name)
 
 
 def cmd_dist(c: Context) -> int:
@@ -361,7 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, command in table["commands"].items():
         sub = commands.add_parser(name, help=command["help"])
         handler = globals()[f"cmd_{name.replace('-', '_')}"]
-        sub.set_defaults(handler=handler, index_url=None, gpus=False)
+        sub.set_defaults(handler=handler, index_url=None, gpus=False, cache_cap=None)
         arguments = table["every"] | command.get("arguments", {})
         if "runner" in command:
             arguments |= table["runner"]

@@ -12,7 +12,7 @@ import sys
 import time
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from typing import Any
 from packaging.metadata import Metadata
 from packaging.version import Version
 
+from fallback_matrix.cache import in_use, prune
 from fallback_matrix.report import RESULT_FILE, Reporter, run_process, without_pip_config
 
 STEPS = (
@@ -61,6 +62,7 @@ class Job:
     prebuilt_wheel: str | None = None  # set: install and test this wheel, build nothing
     index_url: str | None = None  # set: install `requirement` from this index, build nothing
     requirement: str | None = None
+    cache_cap: int | None = None  # bytes the cached environments may take; None: no pruning
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -120,13 +122,18 @@ def site_packages(venv: Path) -> Path:
     return venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
 
 
-def create_envs(job: Job, env: Mapping[str, str], report: Reporter) -> Path:
-    """The base venv with torch and the groups, cached by interpreter and wheelhouse; on top,
-    a fresh run venv that sees its packages through a .pth file. Returns the base."""
+def base_env(job: Job) -> Path:
+    """The cached base venv of ``job``: named after its cell and a hash of what it holds."""
     content = {"python": sys.version, "base_prefix": sys.base_prefix, "groups": list(GROUPS)}
     content |= {"torch": f"torch=={job.torch}", "wheelhouse": Path(job.wheelhouse).name}
     key = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
-    base = Path(job.cache) / "envs" / f"{job.cell}-{key}"
+    return Path(job.cache) / "envs" / f"{job.cell}-{key}"
+
+
+def create_envs(job: Job, env: Mapping[str, str], report: Reporter) -> Path:
+    """The base venv with torch and the groups, cached by interpreter and wheelhouse; on top,
+    a fresh run venv that sees its packages through a .pth file. Returns the base."""
+    base = base_env(job)
     marker = base / ".fallback-matrix-complete"
     with locked(base.with_name(base.name + ".lock"), "the environment", report):
         if marker.is_file():
@@ -147,6 +154,21 @@ def create_envs(job: Job, env: Mapping[str, str], report: Reporter) -> Path:
     pth.write_text(f"{site_packages(base)}\n", encoding="utf-8")
     report.say(f"fresh venv {job.run_venv} on top of {base}")
     return base
+
+
+def prune_envs(job: Job, base: Path, report: Reporter) -> None:
+    """Keep the cached environments under the job's cap, least recently used pruned first;
+    ``base``, this job's, is kept. A problem here is reported, never a failed step."""
+    if job.cache_cap is None:
+        report.say("cache cap off: cached environments are not pruned")
+        return
+    try:
+        pruned = prune(base.parent, job.cache_cap, keep=[base], what="environments")
+    except OSError as error:
+        report.say(f"warning: pruning the environments in {base.parent} failed: {error}")
+        return
+    for line in pruned.lines():
+        report.say(line)
 
 
 def verify_torch(job: Job, env: Mapping[str, str], report: Reporter) -> dict[str, Any]:
@@ -349,9 +371,12 @@ def run_steps(job: Job) -> int:
     Path(job.work).mkdir(parents=True, exist_ok=True)
     artifacts.mkdir(parents=True, exist_ok=True)
     os.chdir(job.work)
+    held = ExitStack()  # the environment this job uses, kept from pruning until it ends
     try:
         with report.step("environment", STEPS):
+            held.enter_context(in_use(base_env(job)))
             base = create_envs(job, env, report)
+            prune_envs(job, base, report)
         with report.step("verify torch", STEPS):
             result["torch"] = torch = verify_torch(job, env, report)
             libraries = torch.pop("libraries")
@@ -390,6 +415,7 @@ def run_steps(job: Job) -> int:
         result["error"] = str(error)
         print(f"\n!!! [{job.cell}] FAILED at step {result['failed_step']}: {error}", flush=True)
     finally:
+        held.close()
         if "CCACHE_DIR" in build:
             run(["ccache", "-s"], build)
         result["seconds"] = round(time.monotonic() - report.started, 1)

@@ -67,6 +67,11 @@ def wheelhouse_name(cell: Cell, groups: str) -> str:
     return f"torch-{cell.torch.replace('+', '-')}-py{cell.python}-{wheelhouse_key(cell, groups)}"
 
 
+def wheelhouse_path(cell: Cell, pyproject: Path, cache: Path) -> Path:
+    """Where the wheelhouse of ``cell`` lies in the host's cache, filled or not."""
+    return cache / "wheelhouse" / wheelhouse_name(cell, dependency_groups(pyproject))
+
+
 def download_python(version: str, cache_root: Path, log: Reporter) -> str:
     """A venv of Python ``version`` with pip >= 25.1 (``--group``) for a cell's pip download:
     pip evaluates markers (``python_version < "3.11"``) for the Python it runs on."""
@@ -88,7 +93,7 @@ def download_python(version: str, cache_root: Path, log: Reporter) -> str:
 def ensure_wheelhouse(cell: Cell, pyproject: Path, cache: Path, log: Reporter) -> Path:
     """The complete wheelhouse of ``cell``, filled now unless an earlier fill completed."""
     groups = dependency_groups(pyproject)
-    final = cache / "wheelhouse" / wheelhouse_name(cell, groups)
+    final = wheelhouse_path(cell, pyproject, cache)
     if (final / MANIFEST_NAME).is_file():
         log.say(f"wheelhouse: reusing {final} ({len(list(final.glob('*.whl')))} wheels)")
         return final

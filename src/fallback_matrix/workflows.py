@@ -34,27 +34,47 @@ DUMPER.representer.ignore_aliases = lambda data: True  # a value used twice is w
 
 
 class CrossTest(NamedTuple):
-    """A CPU-built wheel tested against a CUDA cell's torch of the same release."""
+    """The wheel of one build cell tested on the torch of another: the same torch release and
+    Python, the other variant (a CPU-built wheel on CUDA torch, a CUDA-built one on CPU torch)."""
 
-    cpu: Cell
-    cuda: Cell
+    source: Cell  # whose wheel
+    target: Cell  # whose torch and tests
 
     @property
     def name(self) -> str:
-        return f"cross-{self.cpu.name}-on-{self.cuda.name}"
+        return f"cross-{self.source.name}-on-{self.target.name}"
+
+    @property
+    def cell(self) -> Cell:
+        """The target cell as the cross test runs it: named after the test, selecting the
+        target's tests that the source cell selects too (a cell's wheel was tested on its own
+        torch; here it proves itself on the other build)."""
+        target, source = self.target.tests, self.source.tests
+        tests = target.model_copy(update={"markers": both(target.markers, source.markers)})
+        return self.target.model_copy(update={"name": self.name, "tests": tests})
+
+
+def both(first: str, second: str) -> str:
+    """A pytest -m expression that selects what both expressions select."""
+    if any("(" in text or " or " in text for text in (first, second)):
+        return first if first == second else f"({first}) and ({second})"
+    terms = [term.strip() for text in (first, second) for term in text.split(" and ")]
+    return " and ".join(dict.fromkeys(terms))
 
 
 def cross_tests(cells: Sequence[Cell]) -> list[CrossTest]:
-    """Every (cpu, cuda) pair of build cells with the same torch release and Python."""
+    """For every cpu and cuda build cell with the same torch release and Python, both
+    directions: the cpu cell's wheel on the cuda cell's torch, then the reverse."""
     builds = [cell for cell in cells if not cell.gpu]
-    return [
-        CrossTest(cpu, cuda)
+    pairs = [
+        (cpu, cuda)
         for cpu in builds
         for cuda in builds
         if (cpu.variant, cuda.variant) == ("cpu", "cuda")
         and cuda.python == cpu.python
         and Version(cuda.torch).public == Version(cpu.torch).public
     ]
+    return [cross for cpu, cuda in pairs for cross in (CrossTest(cpu, cuda), CrossTest(cuda, cpu))]
 
 
 def fill(template: Any, values: Mapping[str, Any]) -> Any:
@@ -119,8 +139,8 @@ def cell_jobs(
         if main_only and "self-hosted" in cell.runner_labels:  # pull requests cannot reach it
             job.yaml_add_eol_comment(DATA["self_hosted_justification"], "runs-on")
     for cross in cross_tests(cells):
-        values = values_of(cross.cuda.model_copy(update={"name": cross.name}), groups)
-        values |= {"source": cross.cpu.name, "cuda": cross.cuda.name}
+        values = values_of(cross.target.model_copy(update={"name": cross.name}), groups)
+        values |= {"source": cross.source.name, "target": cross.target.name}
         jobs[cross.name] = workflow_job("cross", values, skip)
     return jobs
 

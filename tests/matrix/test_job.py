@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from fallback_matrix import cache, report
 from fallback_matrix import job as job_module
-from fallback_matrix import report
 from fallback_matrix.job import (
     Job,
     StepFailed,
@@ -46,10 +46,11 @@ JOB = Job(
 )
 
 
-@pytest.mark.parametrize("module", [job_module, report])
+@pytest.mark.parametrize("module", [job_module, report, cache])
 def test_what_a_cell_runs_first_needs_only_the_standard_library(module: Any) -> None:
-    """The job starts on an image's bare Python: it and the reporter it shares with the host
-    import nothing else but packaging (from the wheelhouse's wheel, on its PYTHONPATH)."""
+    """The job starts on an image's bare Python: it and the reporter and cache pruning it
+    shares with the host import nothing else but packaging (from the wheelhouse's wheel, on
+    its PYTHONPATH)."""
     tree = ast.parse(Path(module.__file__).read_text())
     imported = set()
     for node in tree.body:  # the module's own imports; a function may import from the cell
@@ -59,7 +60,8 @@ def test_what_a_cell_runs_first_needs_only_the_standard_library(module: Any) -> 
             assert node.level == 0, "the job runs as python -m: absolute imports"
             imported.add(node.module or "")
     third_party = {name for name in imported if name.split(".")[0] not in sys.stdlib_module_names}
-    allowed = {"__future__", "fallback_matrix.report", "packaging.metadata", "packaging.version"}
+    allowed = {"__future__", "fallback_matrix.report", "fallback_matrix.cache"}
+    allowed |= {"packaging.metadata", "packaging.version"}
     assert third_party - allowed == set()
 
 

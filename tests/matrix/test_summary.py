@@ -14,8 +14,11 @@ from fallback_matrix.summary import (
     JUnitCounts,
     closing_line,
     collect_rows,
+    collect_step_times,
     read_counts,
     render_markdown,
+    render_step_markdown,
+    render_step_table,
     render_table,
 )
 
@@ -159,3 +162,86 @@ def test_summary_command_writes_github_markdown(
     output = capsys.readouterr().out
     assert "matrix: 16 passed, 2 failed, 5 skipped" in output
     assert "error: cell cuda failed in a container (exit status 1)" in output  # why it failed
+
+
+# --- step times ----------------------------------------------------------------------------------
+
+
+def write_steps(root: Path, name: str, steps: list[tuple[str, str, float]], seconds: float) -> None:
+    cell = root / name
+    cell.mkdir(parents=True)
+    record = [{"name": step, "status": status, "seconds": time} for step, status, time in steps]
+    (cell / "result.json").write_text(
+        json.dumps({"cell": name, "steps": record, "runner": "docker", "seconds": seconds})
+    )
+
+
+@pytest.fixture
+def timed(tmp_path: Path) -> Path:
+    write_steps(
+        tmp_path,
+        "cpu",
+        [("environment", "ok", 42.0), ("build", "ok", 211.0), ("tests", "ok", 388.0)],
+        seconds=700.0,
+    )
+    write_steps(
+        tmp_path,
+        "cross-cuda-213-on-cpu",
+        [("environment", "ok", 610.0), ("install", "ok", 4.0), ("tests", "failed", 90.0)],
+        seconds=720.0,
+    )
+    (tmp_path / "tooling").mkdir()  # a row without steps has no column
+    (tmp_path / "tooling" / "result.json").write_text('{"cell": "tooling", "exit_code": 0}')
+    return tmp_path
+
+
+def test_step_times_per_cell_with_the_time_outside_the_job(timed: Path) -> None:
+    cpu, cross = collect_step_times(timed)
+    assert cpu.cell == "cpu" and cpu.steps["build"] == ("ok", 211.0)
+    assert cpu.other == 59.0 and cpu.slowest == "tests"
+    assert cross.slowest == "environment" and cross.other == 16.0
+
+
+def test_step_times_markdown_shows_each_cells_slowest_step(timed: Path) -> None:
+    markdown = render_step_markdown(collect_step_times(timed), title="matrix: step times")
+    lines = markdown.splitlines()
+    assert lines[0] == "### matrix: step times"
+    assert lines[2] == "| step | cpu | cross-cuda-213-on-cpu |"
+    # the job's order; a step a cell never ran is "-"; a failed one is marked
+    assert lines[4:10] == [
+        "| environment | 00:42 | **10:10** |",
+        "| build | 03:31 | - |",
+        "| install | - | 00:04 |",
+        "| tests | **06:28** | 01:30! |",
+        "| other | 00:59 | 00:16 |",
+        "| total | 11:40 | 12:00 |",
+    ]
+
+
+def test_step_times_table_for_the_terminal(timed: Path) -> None:
+    console = Console(file=io.StringIO(), width=120)
+    console.print(render_step_table(collect_step_times(timed)))
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "environment" in text and "10:10" in text and "06:28" in text and "other" in text
+
+
+def test_a_step_without_a_time_leaves_other_unknown(tmp_path: Path) -> None:
+    cell = tmp_path / "cpu"
+    cell.mkdir()
+    steps = [{"name": "environment", "status": "failed"}]
+    (cell / "result.json").write_text(json.dumps({"cell": "cpu", "steps": steps}))
+    (row,) = collect_step_times(tmp_path)
+    assert row.other is None and row.slowest is None
+    assert "| environment | -! |" in render_step_markdown([row])
+
+
+def test_the_summary_prints_step_times_also_for_github(
+    timed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    step_summary = tmp_path / "step-summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step_summary))
+    cli.main(["summary", "--artifacts", str(timed)])
+    output = capsys.readouterr().out
+    assert "matrix: step times" in output and "10:10" in output
+    markdown = step_summary.read_text()
+    assert "### matrix: step times" in markdown and "| tests | **06:28** | 01:30! |" in markdown

@@ -12,12 +12,14 @@ import pytest
 import yaml
 
 from fallback_matrix import cli
-from fallback_matrix.matrix import load_matrix
+from fallback_matrix.matrix import expand_cells, load_matrix
 from fallback_matrix.workflows import (
     ACTIONS,
     REGENERATE_COMMAND,
     WORKFLOWS_DIR,
+    both,
     check_workflows,
+    cross_tests,
     plan_workflows,
 )
 
@@ -267,14 +269,16 @@ def test_no_cross_job_when_the_versions_differ(planned: Any) -> None:
         assert not [job for job in workflow["jobs"] if job.startswith("cross-")]
 
 
-def test_the_committed_matrix_has_a_cross_job_in_every_cell_workflow(
+def test_the_committed_matrix_has_both_cross_jobs_in_every_cell_workflow(
     committed: dict[str, dict[str, Any]],
 ) -> None:
     for name in ("matrix-pr.yml", "matrix-main.yml", "release.yml"):
-        assert "cross-cpu-on-cuda-213" in committed[name]["jobs"], name
+        jobs = committed[name]["jobs"]
+        assert "cross-cpu-on-cuda-213" in jobs and "cross-cuda-213-on-cpu" in jobs, name
+        assert jobs["cross-cuda-213-on-cpu"]["needs"] == ["build-cuda-213"]
 
 
-def test_cross_job_for_a_cpu_and_cuda_cell_of_the_same_torch(
+def test_cross_jobs_for_a_cpu_and_cuda_cell_of_the_same_torch_both_ways(
     planned: Any, matrix_data: dict[str, Any]
 ) -> None:
     workflows = planned(_cross_matrix(matrix_data))
@@ -282,13 +286,119 @@ def test_cross_job_for_a_cpu_and_cuda_cell_of_the_same_torch(
         if name == "checks.yml":
             continue
         crosses = {job_id: job for job_id, job in workflow["jobs"].items() if "cross" in job_id}
-        assert list(crosses) == ["cross-cpu-same-on-cuda"]
-        job = crosses["cross-cpu-same-on-cuda"]
-        assert job["needs"] == ["build-cpu-same"]
-        runs = [s["run"] for s in job["steps"] if "run" in s]
-        assert "nox -s cross-cpu-same-on-cuda -- --runner docker" in runs
-        final = "dist" if name == "release.yml" else "summary"
-        assert "cross-cpu-same-on-cuda" in workflow["jobs"][final]["needs"]
+        assert list(crosses) == ["cross-cpu-same-on-cuda", "cross-cuda-on-cpu-same"]
+        for cross, source in zip(crosses, ["cpu-same", "cuda"], strict=True):
+            job = crosses[cross]
+            assert job["needs"] == [f"build-{source}"]
+            runs = [s["run"] for s in job["steps"] if "run" in s]
+            assert f"nox -s {cross} -- --runner docker" in runs
+            downloads = [s["with"]["name"] for s in job["steps"] if "download" in s["name"]]
+            assert downloads == [source]
+            final = "dist" if name == "release.yml" else "summary"
+            assert cross in workflow["jobs"][final]["needs"]
+        reverse = crosses["cross-cuda-on-cpu-same"]
+        assert reverse["name"] == "wheel of cuda on torch of cpu-same"
+        caches = [s["with"]["key"] for s in reverse["steps"] if s["name"] == "wheelhouse cache"]
+        if name != "release.yml":  # the torch it installs is the cpu cell's
+            assert caches == [f"wheelhouse-torch-2.14.1-cpu-py3.11-{caches[0].rsplit('-', 1)[1]}"]
+
+
+def test_cross_tests_pair_each_cpu_and_cuda_build_of_a_release_both_ways(
+    write_matrix: Callable[[Any], Path], matrix_data: dict[str, Any]
+) -> None:
+    cells = expand_cells(load_matrix(write_matrix(_cross_matrix(matrix_data))).spec)
+    crosses = cross_tests(cells)  # cuda-gpu has the same torch, but it builds no wheel
+    assert [cross.name for cross in crosses] == ["cross-cpu-same-on-cuda", "cross-cuda-on-cpu-same"]
+    forward, reverse = crosses
+    assert (forward.source.name, forward.target.name) == ("cpu-same", "cuda")
+    assert (reverse.source.name, reverse.target.name) == ("cuda", "cpu-same")
+    # the cell a cross test runs: the target's torch under the cross test's name
+    assert (reverse.cell.name, reverse.cell.torch, reverse.cell.variant) == (
+        "cross-cuda-on-cpu-same",
+        "2.14.1+cpu",
+        "cpu",
+    )
+
+
+def test_the_committed_matrix_crosses_the_213_builds_both_ways(repo_root: Path) -> None:
+    cells = expand_cells(load_matrix(repo_root / "matrix.yaml").spec)
+    crosses = {cross.name: cross for cross in cross_tests(cells)}
+    assert list(crosses) == ["cross-cpu-on-cuda-213", "cross-cuda-213-on-cpu"]
+    # both run what the CUDA-wheel cells run: slow tests stay in the cpu cell
+    for cross in crosses.values():
+        assert cross.cell.tests.markers == "not requires_cuda and not slow", cross.name
+    assert crosses["cross-cuda-213-on-cpu"].cell.torch == "2.13.0+cpu"
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "selected"),
+    [
+        ("not requires_cuda", "not requires_cuda", "not requires_cuda"),
+        ("not requires_cuda", "not requires_cuda and not slow", "not requires_cuda and not slow"),
+        ("not slow and not requires_cuda", "not requires_cuda", "not slow and not requires_cuda"),
+        ("requires_cuda or slow", "not slow", "(requires_cuda or slow) and (not slow)"),
+        ("(a or b)", "(a or b)", "(a or b)"),
+    ],
+)
+def test_a_cross_test_selects_what_both_cells_select(
+    first: str, second: str, selected: str
+) -> None:
+    assert both(first, second) == selected
+
+
+def test_the_cross_command_tests_the_source_cells_wheel_in_the_target_cell(
+    write_matrix: Callable[[Any], Path],
+    matrix_data: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    matrix = write_matrix(_cross_matrix(matrix_data))
+    artifacts = tmp_path / "artifacts"
+    (artifacts / "cuda").mkdir(parents=True)
+    (artifacts / "cuda" / "torch_fallback-0.1.0-cp311-cp311-manylinux_2_34_x86_64.whl").touch()
+    runs: list[tuple[list[Any], dict[str, Any]]] = []
+
+    def run(context: Any, cells: list[Any], title: str, **options: Any) -> int:
+        runs.append((cells, options))
+        return cli.EXIT_OK
+
+    monkeypatch.setattr(cli.Context, "run", run)
+    arguments = ["--matrix", str(matrix), "cross", "cross-cuda-on-cpu-same"]
+    assert cli.main([*arguments, "--artifacts", str(artifacts)]) == cli.EXIT_OK
+    ((cell,), options) = runs[0]
+    assert (cell.name, cell.torch, cell.tests.markers) == (
+        "cross-cuda-on-cpu-same",
+        "2.14.1+cpu",
+        "not requires_cuda",
+    )
+    staged = tmp_path / ".cache" / "test-wheel" / "cross-cuda-on-cpu-same"
+    assert options["prebuilt_wheel"] == str(
+        staged / "torch_fallback-0.1.0-cp311-cp311-manylinux_2_34_x86_64.whl"
+    )
+
+
+def test_an_unknown_cross_test_names_the_ones_there_are(
+    write_matrix: Callable[[Any], Path],
+    matrix_data: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    matrix = write_matrix(_cross_matrix(matrix_data))
+    assert cli.main(["--matrix", str(matrix), "cross", "cross-cpu-on-cuda"]) == 2
+    error = capsys.readouterr().out
+    assert "no cross test 'cross-cpu-on-cuda' in matrix.yaml" in error
+    assert "cross-cpu-same-on-cuda, cross-cuda-on-cpu-same" in error
+
+
+def test_a_cross_test_without_the_source_wheel_says_which_build_makes_it(
+    write_matrix: Callable[[Any], Path],
+    matrix_data: dict[str, Any],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    matrix = write_matrix(_cross_matrix(matrix_data))
+    arguments = ["--matrix", str(matrix), "cross", "cross-cuda-on-cpu-same"]
+    assert cli.main([*arguments, "--artifacts", str(tmp_path / "none")]) == 2
+    assert "nox -s build-cuda puts it in artifacts/cuda/" in capsys.readouterr().out
 
 
 def test_cross_job_needs_the_same_python(planned: Any, matrix_data: dict[str, Any]) -> None:
