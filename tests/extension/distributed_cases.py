@@ -249,6 +249,7 @@ def ddp(rank: int, world: int, variant: str) -> dict[str, Any]:
 def lost_peer(rank: int, world: int, dies: bool) -> dict[str, Any]:
     """Rank 1 never joins the all_reduce, stalling past the timeout or dying: rank 0 gets
     the engine's error (timeout, or the closed connection) instead of hanging."""
+    dist.barrier()  # both ranks connected before one goes missing
     if rank == 1:
         if dies:
             os._exit(0)

@@ -8,6 +8,9 @@ runs on NCCL, with world size 1 on one GPU and the same tests marked
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -122,3 +125,28 @@ def test_the_backend_is_registered_under_its_documented_name():
 def test_tensors_in_two_homes_are_a_clear_error(tmp_path):
     with pytest.raises(Exception, match="different homes"):
         spawn("mixed-homes", ("cuda", "cuda", 1), tmp_path)
+
+
+@pytest.mark.requires_cuda
+def test_a_nccl_job_that_imports_relay_still_runs(tmp_path):
+    """Importing relay makes it the accelerator; a plain NCCL job with device_id= (as
+    PyTorch asks of NCCL jobs) still runs its barrier and collectives on CUDA."""
+    code = f"""
+        import torch, torch.distributed as dist
+        import torch_fallback.relay
+        dist.init_process_group(
+            "nccl", init_method="file://{tmp_path}/store", rank=0, world_size=1,
+            device_id=torch.device("cuda", 0),
+        )
+        dist.barrier()
+        x = torch.ones(4, device="cuda")
+        dist.all_reduce(x)
+        torch.cuda.synchronize()
+        print("sum", x.sum().item())
+        dist.destroy_process_group()
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "sum 4.0" in done.stdout
