@@ -246,6 +246,34 @@ def ddp(rank: int, world: int, variant: str) -> dict[str, Any]:
     }
 
 
+def fsdp2(rank: int, world: int) -> dict[str, Any]:
+    """FSDP2 (fully_shard per linear layer and at the root) over a relay device mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    state, batches = make_data()
+    model = Net().double()
+    model.load_state_dict(state)
+    model.to("relay")
+    mesh = init_device_mesh("relay", (world,))
+    for layer in [*model.body, model.head, model.unused]:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for x, y in batches:
+        optimizer.zero_grad()
+        mine_x, mine_y = x.chunk(world)[rank].to("relay"), y.chunk(world)[rank].to("relay")
+        nn.functional.mse_loss(model(mine_x), mine_y).backward()
+        optimizer.step()
+    full = {n: p.full_tensor() for n, p in model.named_parameters()}  # type: ignore[attr-defined]
+    return {
+        "parameters": {n: t.detach().cpu() for n, t in full.items()},
+        "devices": sorted({t.device.type for t in full.values()}),
+        "grad_devices": ["relay"],
+    }
+
+
 def lost_peer(rank: int, world: int, dies: bool) -> dict[str, Any]:
     """Rank 1 never joins the all_reduce, stalling past the timeout or dying: rank 0 gets
     the engine's error (timeout, or the closed connection) instead of hanging."""
@@ -282,6 +310,7 @@ CASES: dict[str, Callable[[int, int], dict[str, Any]]] = {
     "stalled-peer": lambda r, w: lost_peer(r, w, dies=False),
     "dead-peer": lambda r, w: lost_peer(r, w, dies=True),
     "mixed-homes": mixed_homes,
+    "fsdp2": fsdp2,
     **{
         f"ddp-{variant}": (lambda v: lambda r, w: ddp(r, w, v))(variant) for variant in DDP_VARIANTS
     },

@@ -103,6 +103,21 @@ def test_ddp_trains_as_one_process_over_the_global_batch(setup, variant, tmp_pat
             )
 
 
+@pytest.mark.parametrize("setup", ENGINES)
+def test_fsdp2_trains_as_one_process_over_the_global_batch(setup, tmp_path):
+    expected = reference_training("default")
+    for rank, result in enumerate(spawn("fsdp2", setup, tmp_path)):
+        assert result["devices"] == ["relay"]
+        for name, reference in expected.items():
+            torch.testing.assert_close(
+                result["parameters"][name],
+                reference,
+                rtol=1e-10,
+                atol=1e-12,
+                msg=lambda m, n=name, r=rank: f"rank {r}, FSDP2, {n}: {m}",
+            )
+
+
 @pytest.mark.parametrize("case", ["stalled-peer", "dead-peer"])
 def test_a_lost_peer_gives_the_others_the_engines_error_never_a_hang(case, tmp_path):
     mp.spawn(run_rank, args=(2, case, str(tmp_path), "cpu", "cpu", None), nprocs=2)

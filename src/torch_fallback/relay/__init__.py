@@ -21,10 +21,14 @@ import torch_fallback  # the library relay's extension resolves its fallback fro
 from torch_fallback import distributed as _distributed
 
 from .._scoped import scoped
-from . import _C, _cuda_autograd, _inductor
+from . import _C, _cuda_autograd, _inductor, _streams
 
 NAME = "relay"
 HOMES = ("cpu", "cuda")
+
+# The stream API of a device module, for code that drives copies through it (FSDP2).
+Event, Stream, stream = _streams.Event, _streams.Stream, _streams.stream
+current_stream, default_stream = _streams.current_stream, _streams.default_stream
 
 
 DeviceLike = int | str | torch.device

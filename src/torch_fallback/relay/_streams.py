@@ -1,0 +1,103 @@
+"""relay's streams and events, for code that drives a device through them (FSDP2).
+
+relay orders all the work of a device on one stream: the fallback runs host-homed
+ops in call order and CUDA-homed ops on CUDA's current stream. So a side stream is
+the device's stream under another name, waiting on a stream or an event is already
+satisfied, and a host-side wait is a device synchronize.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+
+def _synchronize(device: torch.device) -> None:
+    torch.relay.synchronize(device)  # type: ignore[attr-defined]
+
+
+class Event:
+    """A point on relay's one stream per device: complete once the work before it is."""
+
+    def __init__(
+        self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
+    ) -> None:
+        self.device: torch.device | None = None
+
+    def record(self, stream: Stream | None = None) -> None:
+        self.device = (stream or current_stream()).device
+
+    def wait(self, stream: Stream | None = None) -> None:
+        """Nothing to wait for: work on the stream is already ordered after the event."""
+
+    def query(self) -> bool:
+        self.synchronize()
+        return True
+
+    def synchronize(self) -> None:
+        if self.device is not None:
+            _synchronize(self.device)
+
+
+class Stream:
+    """relay's stream of ``device``: every relay stream of a device is the same one."""
+
+    def __init__(
+        self, device: int | str | torch.device | None = None, priority: int = 0, **kwargs: object
+    ) -> None:
+        if device is None:
+            device = torch.relay.current_device()  # type: ignore[attr-defined]
+        self.device = (
+            torch.device(device)
+            if isinstance(device, str)
+            else torch.device("relay", device)
+            if isinstance(device, int)
+            else device
+        )
+        self.priority = priority
+
+    def wait_stream(self, stream: Stream) -> None:
+        """Already ordered: one stream per device."""
+
+    def wait_event(self, event: Event) -> None:
+        """Already ordered: one stream per device."""
+
+    def record_event(self, event: Event | None = None) -> Event:
+        event = event or Event()
+        event.record(self)
+        return event
+
+    def query(self) -> bool:
+        self.synchronize()
+        return True
+
+    def synchronize(self) -> None:
+        _synchronize(self.device)
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Stream) and other.device == self.device
+
+    def __hash__(self) -> int:
+        return hash(self.device)
+
+
+def current_stream(device: int | str | torch.device | None = None) -> Stream:
+    return Stream(device)
+
+
+def default_stream(device: int | str | torch.device | None = None) -> Stream:
+    return Stream(device)
+
+
+@contextlib.contextmanager
+def stream(stream: Stream | None) -> Iterator[None]:
+    """``with torch.relay.stream(s):``: work inside runs on the device's one stream."""
+    yield
