@@ -11,6 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,16 +41,30 @@ NCCL = [
     )
 ]
 ENGINES = [GLOO, *NCCL]
+DEADLINE_S = 240  # a rank running longer hangs
 
 
-def spawn(case: str, setup: tuple[str, str, int], tmp_path: Path, backend: str | None = None):
+def run_ranks(case: str, setup: tuple[str, str, int], tmp_path: Path, backend: str | None) -> None:
+    """The ranks of ``case``, each a process; a rank still running after DEADLINE_S fails
+    the test (and is killed) instead of hanging it."""
     home, target, world = setup
-    mp.spawn(
+    ranks = mp.spawn(
         run_rank,
         args=(world, case, str(tmp_path), home, target, backend),
         nprocs=world,
-        join=True,
+        join=False,
     )
+    deadline = time.monotonic() + DEADLINE_S
+    while not ranks.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in ranks.processes:
+                process.kill()
+            pytest.fail(f"{case}: ranks still running after {DEADLINE_S} s (killed)")
+
+
+def spawn(case: str, setup: tuple[str, str, int], tmp_path: Path, backend: str | None = None):
+    world = setup[2]
+    run_ranks(case, setup, tmp_path, backend)
     results = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=False) for rank in range(world)]
     for rank, result in enumerate(results):
         assert "error" not in result, f"rank {rank}: {result['error']}\n{result.get('trace', '')}"
@@ -120,7 +135,7 @@ def test_fsdp2_trains_as_one_process_over_the_global_batch(setup, tmp_path):
 
 @pytest.mark.parametrize("case", ["stalled-peer", "dead-peer"])
 def test_a_lost_peer_gives_the_others_the_engines_error_never_a_hang(case, tmp_path):
-    mp.spawn(run_rank, args=(2, case, str(tmp_path), "cpu", "cpu", None), nprocs=2)
+    run_ranks(case, ("cpu", "cpu", 2), tmp_path, None)
     result: dict[str, Any] = torch.load(tmp_path / "rank0.pt", weights_only=False)
     assert "error" not in result, result.get("trace")
     assert result["raised"], "all_reduce returned although its peer never joined"

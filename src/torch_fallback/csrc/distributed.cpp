@@ -398,18 +398,54 @@ void HomeBackend::shutdown() {
   if (cuda_engine_) cuda_engine_->shutdown();
 }
 
+// The holder of HomeBackend's Python object: it releases the GIL while the backend
+// (and so its engines) is destroyed, as torch's own c10d bindings do. Destroying
+// ProcessGroupGloo joins its worker threads, whose last works may drop tensors
+// that need the GIL: holding it there deadlocks.
+template <typename T>
+class NoGilHolder {
+ public:
+  NoGilHolder() = default;
+  NoGilHolder(c10::intrusive_ptr<T> impl) : impl_(std::move(impl)) {}  // NOLINT: implicit
+  // pybind11 constructs holders from a new object's pointer (pybind/pybind11#2957).
+  explicit NoGilHolder(T* impl) : impl_(c10::intrusive_ptr<T>::unsafe_steal_from_new(impl)) {}
+  NoGilHolder(const NoGilHolder&) = default;
+  NoGilHolder(NoGilHolder&&) noexcept = default;
+  NoGilHolder& operator=(const NoGilHolder&) = default;
+  NoGilHolder& operator=(NoGilHolder&&) noexcept = default;
+  ~NoGilHolder() {
+    if (!impl_) return;
+    if (PyGILState_Check()) {
+      pybind11::gil_scoped_release release;
+      impl_.reset();
+    } else {
+      impl_.reset();
+    }
+  }
+  T* get() const noexcept { return impl_.get(); }
+
+ private:
+  c10::intrusive_ptr<T> impl_;
+};
+
+}  // namespace torch_fallback::distributed
+
+PYBIND11_DECLARE_HOLDER_TYPE(T, torch_fallback::distributed::NoGilHolder<T>, true)
+
+namespace torch_fallback::distributed {
+
 void bind(pybind11::module_& m) {
   namespace py = pybind11;
-  py::class_<HomeBackend, c10d::Backend, c10::intrusive_ptr<HomeBackend>>(
+  py::class_<HomeBackend, c10d::Backend, NoGilHolder<HomeBackend>>(
       m, "HomeBackend",
       "A c10d backend running each collective on the engine of its tensors' home.")
       .def(py::init([](const std::string& device_type, int rank, int size,
                        const std::string& name,
                        const std::optional<c10::intrusive_ptr<c10d::Backend>>& host_engine,
                        const std::optional<c10::intrusive_ptr<c10d::Backend>>& cuda_engine) {
-             return c10::make_intrusive<HomeBackend>(
+             return NoGilHolder<HomeBackend>(c10::make_intrusive<HomeBackend>(
                  c10::Device(device_type).type(), rank, size, name,
-                 host_engine.value_or(nullptr), cuda_engine.value_or(nullptr));
+                 host_engine.value_or(nullptr), cuda_engine.value_or(nullptr)));
            }),
            py::arg("device_type"), py::arg("rank"), py::arg("size"), py::arg("name"),
            py::arg("host_engine"), py::arg("cuda_engine"),
