@@ -17,8 +17,6 @@ on import).
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import torch
 import torch.distributed as dist
 
@@ -41,19 +39,17 @@ def register(device: str) -> str | None:
     if name.upper() in dist.Backend._plugins:
         return name
 
-    def create(store: dist.Store, rank: int, size: int, timeout: timedelta) -> dist.ProcessGroup:
-        backend = _C.HomeBackend(
-            device,
-            rank,
-            size,
-            name,
-            _host_engine(store, rank, size, timeout),
-            _cuda_engine(store, rank, size, timeout),
-        )
+    def create(options: dist.distributed_c10d._DistributedBackendOptions, _: object) -> object:
+        host, cuda = _host_engine(options), _cuda_engine(options)
+        for engine in (host, cuda):
+            if engine is not None:  # as c10d does for the groups it makes itself
+                engine._set_sequence_number_for_group()
+        rank, size = options.group_rank, options.group_size
+        backend = _C.HomeBackend(device, rank, size, name, host, cuda)
         # A whole process group, not only a backend: init_process_group() with no backend
         # would otherwise make gloo the group's default backend, which DDP asks for by type
         # and this group has none of. It serves CPU tensors too (gloo), whatever was named.
-        group = dist.ProcessGroup(store, rank, size)
+        group = dist.ProcessGroup(options.store, rank, size)
         custom = dist.ProcessGroup.BackendType.CUSTOM
         for served in (device, "cpu"):
             group._register_backend(torch.device(served), custom, backend)
@@ -62,21 +58,27 @@ def register(device: str) -> str | None:
 
     # CPU tensors too (on gloo), so init_process_group(name) serves both, as "nccl" does
     # CUDA's; with no backend named, init_process_group() takes it for the device.
-    dist.Backend.register_backend(name, create, devices=[device, "cpu"])
+    dist.Backend.register_backend(name, create, extended_api=True, devices=[device, "cpu"])
     return name
 
 
-def _host_engine(store: dist.Store, rank: int, size: int, timeout: timedelta) -> object | None:
+def _host_engine(options: dist.distributed_c10d._DistributedBackendOptions) -> object | None:
     if not dist.is_gloo_available():
         return None
-    prefixed = dist.PrefixStore("gloo/", store)
-    return dist.ProcessGroupGloo(prefixed, rank, size, timeout)
+    store = dist.PrefixStore("gloo/", options.store)
+    engine = dist.ProcessGroupGloo(store, options.group_rank, options.group_size, options.timeout)
+    engine.options.global_ranks_in_group = options.global_ranks_in_group
+    engine.options.group_name = options.group_id
+    return engine
 
 
-def _cuda_engine(store: dist.Store, rank: int, size: int, timeout: timedelta) -> object | None:
+def _cuda_engine(options: dist.distributed_c10d._DistributedBackendOptions) -> object | None:
     """NCCL where torch has it and a GPU is visible; its communicators start at first use."""
     if not (dist.is_nccl_available() and torch.cuda.is_available()):
         return None
-    options = dist.ProcessGroupNCCL.Options()
-    options._timeout = timeout
-    return dist.ProcessGroupNCCL(dist.PrefixStore("nccl/", store), rank, size, options)
+    nccl_options = dist.ProcessGroupNCCL.Options()
+    nccl_options._timeout = options.timeout
+    nccl_options.global_ranks_in_group = options.global_ranks_in_group
+    nccl_options.group_name = options.group_id
+    store = dist.PrefixStore("nccl/", options.store)
+    return dist.ProcessGroupNCCL(store, options.group_rank, options.group_size, nccl_options)

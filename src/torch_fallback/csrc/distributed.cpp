@@ -71,6 +71,7 @@ class HomeBackend : public c10d::Backend {
   void setSequenceNumberForGroup() override;
   uint64_t getSequenceNumberForGroup() override;
   void setTimeout(std::chrono::milliseconds timeout) override;
+  void setGroupUid(const std::string& pg_uid) override;
   void abort() override;
   void shutdown() override;
 
@@ -386,6 +387,13 @@ uint64_t HomeBackend::getSequenceNumberForGroup() {
 void HomeBackend::setTimeout(std::chrono::milliseconds timeout) {
   if (host_engine_) host_engine_->setTimeout(timeout);
   if (cuda_engine_) cuda_engine_->setTimeout(timeout);
+}
+
+void HomeBackend::setGroupUid(const std::string& pg_uid) {
+  c10d::Backend::setGroupUid(pg_uid);
+  // The engines name their communicators and traces by it (NCCL needs one).
+  if (host_engine_) host_engine_->setGroupUid(pg_uid);
+  if (cuda_engine_) cuda_engine_->setGroupUid(pg_uid);
 }
 
 void HomeBackend::abort() {
