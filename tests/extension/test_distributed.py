@@ -188,3 +188,18 @@ def test_a_nccl_job_that_imports_relay_still_runs(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "sum 4.0" in done.stdout
+
+
+@pytest.mark.requires_cuda
+@pytest.mark.requires_two_gpus
+def test_relay_set_device_makes_the_gpu_of_the_same_index_current():
+    import torch_fallback.relay
+
+    previous = torch.relay.current_device()
+    try:
+        torch_fallback.relay.set_device(1)
+        assert torch.cuda.current_device() == 1
+        torch_fallback.relay.set_device(0)
+        assert torch.cuda.current_device() == 0
+    finally:
+        torch_fallback.relay.set_device(previous)

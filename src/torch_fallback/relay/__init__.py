@@ -60,7 +60,8 @@ def current_device() -> int:
 
 
 def set_device(device: DeviceLike) -> None:
-    """Make `device` current; an index that does not exist is an IndexError."""
+    """Make `device` current, and with a GPU visible the GPU of the same index (relay:N
+    keeps its GPU memory on cuda:N); an index that does not exist is an IndexError."""
     _C.set_device(_index(device))
 
 

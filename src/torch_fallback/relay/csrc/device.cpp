@@ -132,6 +132,9 @@ void check_device_index(int64_t index) {
 void set_device(c10::DeviceIndex index) {
   check_device_index(index);
   t_current_device = index;
+  // relay:N keeps its GPU memory on cuda:N: make that GPU current too, as NCCL and
+  // the CUDA target expect (torch.cuda.set_device's effect).
+  if (index < cuda::device_count()) cuda::set_device(index);
 }
 
 void synchronize(c10::DeviceIndex index) {
