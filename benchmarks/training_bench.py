@@ -1,9 +1,13 @@
-"""Training steps, per-op overhead and the cross-home path: relay against native.
+"""Training steps, decoding, CUDA graphs, per-op overhead and the cross-home path:
+relay against native, with an A/A control in the same run.
 
-Three measurements, medians after warm-up (training_workloads.py has the details):
+Measurements, medians after warm-up (training_workloads.py has the details):
   train       forward + backward + AdamW step of a CNN (4 conv+BN layers, batch 64,
               64x64) and a Transformer encoder (6 layers, d 512, batch 32, sequence
               128), float32 and bf16 under torch.autocast; --small shrinks both
+  decode      greedy generate() with a KV cache of a small Llama and GPT-2 (4 layers
+              x 256, random weights), batch 1, 64 new tokens: tokens/s, ids compared
+  graph       replay of a CUDA graph of a forward (CUDA only)
   op          1K-element ops (add, mul, relu, sum, ...): latency (one call, then a
               synchronize) and throughput (100 calls, then one synchronize), in us
   cross_home  relay with home cpu and target cuda against the eager round trip
@@ -17,10 +21,12 @@ figures); with --device cpu: relay CPU target and home against native CPU.
 
     python benchmarks/training_bench.py --device cuda --json r.json --plot r.png
     python benchmarks/training_bench.py --device cpu --small --budget 1
-    python benchmarks/training_bench.py --device cuda --only train --control  # A/A
+    python benchmarks/training_bench.py --device cuda --only train decode graph --rounds 16
 
-Within a round each relay measurement runs next to its native reference, the two in
-alternating order from round to round; --cpus pins both sides to the same CPUs.
+Within a round each relay measurement runs next to its native reference and a second
+native process (the A/A control, which --no-control leaves out) measures the same
+native reference; the order of the three rotates from round to round. --cpus pins
+every side to the same CPUs.
 """
 
 from __future__ import annotations
@@ -35,8 +41,9 @@ import time
 from pathlib import Path
 
 SIDES = ("native", "relay")
-CONTROL = "control"  # a second native process in relay's place (--control)
-KINDS = ("train", "op", "cross_home")
+CONTROL = "control"  # the A/A control: a second native process, paired as relay is
+KINDS = ("train", "decode", "graph", "op", "cross_home")
+TIMED = ("train", "decode", "graph")  # kinds with a median time per round, paired
 
 
 def source_version() -> str | None:
@@ -47,6 +54,17 @@ def source_version() -> str | None:
     except OSError:
         return None
     return done.stdout.strip() or None
+
+
+def cpu_model() -> str | None:
+    """The host CPU's model name (Linux), which decides how much host time shows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
 
 
 MARK = "@@row "  # prefixes the side's JSON lines on its stdout
@@ -86,32 +104,33 @@ class Side:
 
 
 def measure_all(args: argparse.Namespace, forwarded: list[str]) -> dict:
-    second = CONTROL if args.control else "relay"
-    sides = {"native": Side("native", forwarded), "relay": Side("relay", forwarded, second)}
-    plans = {side: sides[side].hello["plan"] for side in SIDES}
+    """Every relay measurement next to its native reference and, unless --no-control,
+    the same native measurement in a second native process (the A/A control), in an
+    order that rotates from round to round: a cost of going first or last cancels out."""
+    names = [*SIDES] + ([] if args.no_control else [CONTROL])
+    sides = {name: Side(name, forwarded) for name in names}
+    plans = {name: sides[name].hello["plan"] for name in names}
     native_index = {(s["kind"], s["name"], s.get("dtype"), s["config"]): i
                     for i, s in enumerate(plans["native"])}  # fmt: skip
     pairs = [(native_index.get((s["kind"], s["name"], s.get("dtype"), s["ref"])), j)
              for j, s in enumerate(plans["relay"])]  # fmt: skip
-    runs: dict[str, list[list[dict]]] = {side: [] for side in SIDES}
+    runs: dict[str, list[list[dict]]] = {name: [] for name in names}
     for round_index in range(args.rounds):
-        rows: dict[str, list] = {"native": [None] * len(plans["native"]),
-                                 "relay": [None] * len(plans["relay"])}  # fmt: skip
-        # Each relay measurement next to its native reference, which of the two goes
-        # first alternating between rounds: a cost of going second cancels out.
-        order = SIDES if round_index % 2 == 0 else SIDES[::-1]
+        rows: dict[str, list] = {name: [None] * len(plans[name]) for name in names}
+        shift = round_index % len(names)
+        order = names[shift:] + names[:shift]
         for i, j in pairs:
-            for side in order:
-                if side == "relay":
+            for name in order:
+                if name == "relay":
                     rows["relay"][j] = sides["relay"].run(j)
-                elif i is not None:
-                    rows["native"][i] = sides["native"].run(i)
-        for side in SIDES:
-            runs[side].append([row for row in rows[side] if row is not None])
+                elif i is not None and rows[name][i] is None:
+                    rows[name][i] = sides[name].run(i)
+        for name in names:
+            runs[name].append([row for row in rows[name] if row is not None])
     for side in sides.values():
         side.close()
-    return {side: {"meta": sides[side].hello["meta"], "rows": best_of_rounds(runs[side])}
-            for side in SIDES}  # fmt: skip
+    return {name: {"meta": sides[name].hello["meta"], "rows": best_of_rounds(runs[name])}
+            for name in names}  # fmt: skip
 
 
 def best_of_rounds(rounds: list[list[dict]]) -> list[dict]:
@@ -188,23 +207,29 @@ def quartiles(values: list[float]) -> tuple[float, float] | None:
 
 
 def derive(native: list[dict], relay: list[dict]) -> dict[str, list[dict]]:
-    """Pairs each relay row with its native reference."""
+    """Pairs each relay (or control) row with its native reference."""
     ref = {(r["kind"], r["name"], r.get("dtype"), r["config"]): r for r in native}
-    out: dict[str, list[dict]] = {"train": [], "op": [], "cross_home": []}
+    out: dict[str, list[dict]] = {kind: [] for kind in KINDS}
     for r in relay:
         n = ref.get((r["kind"], r["name"], r.get("dtype"), r["ref"]))
         if n is None:
             continue
-        if r["kind"] == "train":
+        if r["kind"] in TIMED:
             paired = paired_ratios(n, r)
-            out["train"].append({
-                "model": r["name"], "dtype": r["dtype"], "config": r["config"],
+            row = {
+                "model": r["name"], "dtype": r.get("dtype"), "config": r["config"],
+                "native_config": n["config"],
                 "native_ms": n["median_ms"], "relay_ms": r["median_ms"],
                 "ratio": r["median_ms"] / n["median_ms"],
                 "paired_ratio": statistics.median(paired) if paired else None,
                 "paired_quartiles": quartiles(paired),
                 "fallback_calls_per_step": r.get("fallback_calls"),
-            })  # fmt: skip
+            }  # fmt: skip
+            if r["kind"] == "decode":
+                row["native_tokens_per_s"] = n["tokens_per_s"]
+                row["relay_tokens_per_s"] = r["tokens_per_s"]
+                row["ids_equal"] = n["ids"] == r["ids"]
+            out[r["kind"]].append(row)
         elif r["kind"] == "op":
             out["op"].append({
                 "op": r["name"], "config": r["config"], "native_config": n["config"],
@@ -222,6 +247,48 @@ def derive(native: list[dict], relay: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
+def add_control(derived: dict[str, list[dict]], control: dict[str, list[dict]]) -> None:
+    """Gives each timed relay row the A/A control's paired ratio for its native reference."""
+    for kind in TIMED:
+        by_key = {(c["model"], c["dtype"], c["native_config"]): c for c in control[kind]}
+        for row in derived[kind]:
+            aa = by_key.get((row["model"], row["dtype"], row["native_config"]))
+            row["control_paired_ratio"] = aa["paired_ratio"] if aa else None
+            row["control_paired_quartiles"] = aa["paired_quartiles"] if aa else None
+
+
+def timed_table(kind: str, rows: list[dict], meta: dict) -> list[str]:
+    head = f"{'model':<12} {'dtype':<5} {'relay config':<15} {'native ms':>10} "
+    head += f"{'relay ms':>10} {'ratio':>6} {'paired (quartiles)':>19} {'A/A (quartiles)':>19}"
+    head += {"train": f" {'fallback calls/step':>20}", "decode": f" {'tok/s':>8} {'ids':>6}"}.get(
+        kind, ""
+    )
+    lines = [head]
+    if kind == "train" and meta["device"] == "cpu":
+        lines.insert(0, "(bf16: relay autocasts as CUDA does, native CPU by its own policy)")
+    lines.append("-" * len(head))
+
+    def paired(ratio: float | None, spread: list[float] | None) -> str:
+        text = "-" if ratio is None else f"{ratio:.2f}"
+        return text + (" ({:.2f}-{:.2f})".format(*spread) if spread else "")
+
+    for d in rows:
+        line = (
+            f"{d['model']:<12} {d.get('dtype') or '-':<5} {d['config']:<15} "
+            f"{d['native_ms']:>10.3f} {d['relay_ms']:>10.3f} {d['ratio']:>6.2f} "
+            f"{paired(d.get('paired_ratio'), d.get('paired_quartiles')):>19} "
+            f"{paired(d.get('control_paired_ratio'), d.get('control_paired_quartiles')):>19}"
+        )
+        if kind == "train":
+            calls = d["fallback_calls_per_step"]
+            line += f" {'-' if calls is None else calls:>20}"
+        elif kind == "decode":
+            same = "equal" if d["ids_equal"] else "DIFFER"
+            line += f" {d['relay_tokens_per_s']:>8.1f} {same:>6}"
+        lines.append(line)
+    return lines
+
+
 def render(derived: dict[str, list[dict]], meta: dict) -> str:
     lines = [
         f"torch {meta['torch']}, device {meta['device']}"
@@ -232,29 +299,25 @@ def render(derived: dict[str, list[dict]], meta: dict) -> str:
         f"sizes: {json.dumps(meta['sizes'])}",
     ]
     if meta.get("control"):
-        lines.append("control run (--control): the relay columns are a second native process")
+        lines.append("A/A: a second native process measured beside relay, paired with native "
+                     "the same way; its ratio is the host's own spread")  # fmt: skip
+    if meta.get("cpu_model"):
+        lines.append(f"host CPU: {meta['cpu_model']}")
     if meta.get("cpus"):
         lines.append(f"both sides pinned to CPUs {meta['cpus']}")
-    if derived["train"]:
-        head = f"{'model':<12} {'dtype':<5} {'relay config':<15} {'native ms':>10} "
-        head += f"{'relay ms':>10} {'ratio':>6} {'paired (quartiles)':>19} "
-        head += f"{'fallback calls/step':>20}"
-        lines += ["", "training step (forward + backward + AdamW step), median; ratio: of the "
-                  "best rounds, paired: median (and quartiles) of the rounds' relay/native",
-                  head]  # fmt: skip
-        if meta["device"] == "cpu":
-            lines.insert(-1, "(bf16: relay autocasts as CUDA does, native CPU by its own policy)")
-        lines.append("-" * len(head))
-        for d in derived["train"]:
-            calls = d["fallback_calls_per_step"]
-            calls = "-" if calls is None else calls
-            paired = "-" if d.get("paired_ratio") is None else f"{d['paired_ratio']:.2f}"
-            if d.get("paired_quartiles"):
-                paired += " ({:.2f}-{:.2f})".format(*d["paired_quartiles"])
-            lines.append(
-                f"{d['model']:<12} {d['dtype']:<5} {d['config']:<15} {d['native_ms']:>10.3f} "
-                f"{d['relay_ms']:>10.3f} {d['ratio']:>6.2f} {paired:>19} {calls:>20}"
-            )
+    titles = {
+        "train": "training step (forward + backward + AdamW step)",
+        "decode": "greedy decoding, batch 1, KV cache: one generate() call",
+        "graph": "CUDA graph replay of a captured forward (8 Linear 256, batch 4)",
+    }
+    for kind in TIMED:
+        if derived.get(kind):
+            lines += [
+                "",
+                f"{titles[kind]}, median; ratio: of the best rounds, paired: median "
+                "(and quartiles) of the rounds' relay/native, A/A: the control's",
+                *timed_table(kind, derived[kind], meta),
+            ]
     if derived["op"]:
         head = f"{'op':<11} {'relay config':<15} {'native':>7} {'relay':>7} {'+us':>6}   "
         head += f"{'native':>7} {'relay':>7} {'+us':>6}"
@@ -331,9 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--table", help="write the table here as text")
     parser.add_argument("--plot", help="write a PNG plot here (needs matplotlib)")
     parser.add_argument("--from-json", help="only render the table/plot of an earlier run")
-    parser.add_argument("--control", action="store_true",
-                        help="an A/A run: a second native process in relay's place, to see "
-                        "the host's own spread between two processes")  # fmt: skip
+    parser.add_argument("--no-control", action="store_true",
+                        help="leave out the A/A control (a second native process measured "
+                        "beside relay, the host's own spread between two processes)")  # fmt: skip
     parser.add_argument(
         "--cpus",
         type=parse_cpus,
@@ -357,11 +420,14 @@ def main(argv: list[str] | None = None) -> int:
             **sides["relay"]["meta"], "device": args.device, "small": args.small,
             "budget_s": args.budget, "rounds": args.rounds, "date": time.strftime("%Y-%m-%d"),
             "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
-            "source": source_version(), "control": args.control,
+            "source": source_version(), "control": not args.no_control,
+            "cpu_model": cpu_model(),
             "cpus": sorted(args.cpus) if args.cpus else None,
         }  # fmt: skip
-        rows = {side: sides[side]["rows"] for side in SIDES}
+        rows = {side: sides[side]["rows"] for side in sides}
         derived = derive(rows["native"], rows["relay"])
+        if CONTROL in rows:
+            add_control(derived, derive(rows["native"], rows[CONTROL]))
         data = {"meta": meta, "rows": rows, "derived": derived}
     table = render(data["derived"], data["meta"])
     print(table)

@@ -216,6 +216,81 @@ def cross_home(spec: dict, args, sync: Callable[[], None]) -> dict:
     return {"median_ms": ms, "repeats": repeats}
 
 
+# Decoding: greedy generate() with a KV cache, the most launch-bound workload users run.
+
+DECODE = dict(layers=4, hidden=256, heads=4, vocab=2048, prompt=8, new_tokens=64)
+
+
+def decoder(name: str) -> nn.Module:
+    """A small Llama or GPT-2 with random weights (seed 0), as users try them."""
+    import transformers
+
+    d = DECODE
+    if name == "llama":
+        config = transformers.LlamaConfig(
+            vocab_size=d["vocab"], hidden_size=d["hidden"], intermediate_size=4 * d["hidden"],
+            num_hidden_layers=d["layers"], num_attention_heads=d["heads"],
+            num_key_value_heads=d["heads"], max_position_embeddings=256,
+        )  # fmt: skip
+        model = transformers.LlamaForCausalLM(config)
+    else:
+        config = transformers.GPT2Config(
+            vocab_size=d["vocab"], n_embd=d["hidden"], n_layer=d["layers"], n_head=d["heads"],
+            n_positions=256,
+        )  # fmt: skip
+        model = transformers.GPT2LMHeadModel(config)
+    return model.eval()
+
+
+def decode(spec: dict, args, sync: Callable[[], None]) -> dict:
+    torch.manual_seed(0)
+    model = decoder(spec["name"]).to(spec["device"])
+    seeded = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, DECODE["vocab"], (1, DECODE["prompt"]), generator=seeded)
+    prompt = prompt.to(spec["device"])
+    new = DECODE["new_tokens"]
+    ids: list[int] = []
+
+    def generate() -> None:
+        with torch.no_grad():
+            out = model.generate(
+                prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new,
+                min_new_tokens=new, do_sample=False, use_cache=True, num_beams=1,
+                pad_token_id=0, eos_token_id=None,
+            )  # fmt: skip
+        ids[:] = out[0].tolist()
+
+    ms, repeats = median_ms(generate, sync, args.budget, warmup=2, min_repeats=3, max_repeats=50)
+    log(f"decode {spec['name']:<11} {spec['config']:<15} {ms:9.3f} ms  {new / ms * 1e3:8.1f} tok/s")
+    return {"median_ms": ms, "repeats": repeats, "tokens_per_s": new / ms * 1e3, "ids": ids}
+
+
+# CUDA graph replay: a captured forward, replayed in a loop.
+
+GRAPH = dict(layers=8, width=256, batch=4, replays=20)
+
+
+def graph_replay(spec: dict, args, sync: Callable[[], None]) -> dict:
+    torch.manual_seed(0)
+    g = GRAPH
+    model = nn.Sequential(*[nn.Linear(g["width"], g["width"]) for _ in range(g["layers"])])
+    model = model.to(spec["device"]).eval()
+    x = torch.randn(g["batch"], g["width"]).to(spec["device"])
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(side):
+        for _ in range(3):
+            model(x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        model(x)
+    ms, repeats = median_ms(graph.replay, sync, args.budget, warmup=10, max_repeats=10_000,
+                            per_sample=g["replays"])  # fmt: skip
+    log(f"graph  {spec['name']:<11} {spec['config']:<15} {ms * 1e3:9.2f} us per replay")
+    return {"median_ms": ms, "repeats": repeats * g["replays"]}
+
+
 def plan(side: str, device: str) -> list[dict]:
     """The measurements of one side. "ref" names the native config a relay row compares with."""
     cuda = device == "cuda"
@@ -238,6 +313,12 @@ def plan(side: str, device: str) -> list[dict]:
     for config, dev, placement, ref in ops:
         specs += [{"kind": "op", "name": name, "config": config, "device": dev,
                    "placement": placement, "ref": ref} for name in per_op_cases()]  # fmt: skip
+    for config, dev, placement, ref in train:
+        specs += [{"kind": "decode", "name": name, "config": config, "device": dev,
+                   "placement": placement, "ref": ref} for name in ("llama", "gpt2")]  # fmt: skip
+        if cuda:
+            specs.append({"kind": "graph", "name": "mlp", "config": config, "device": dev,
+                          "placement": placement, "ref": ref})  # fmt: skip
     for config, dev, placement, ref in cross:
         specs += [{"kind": "cross_home", "name": f"{op} {size}", "config": config,
                    "device": dev, "placement": placement, "ref": ref}
@@ -272,6 +353,10 @@ def measure(spec: dict, args) -> dict:
             result["fallback_calls"] = sum(m.calls for m in fallback.metrics().values())
     elif spec["kind"] == "op":
         result = per_op(spec, args, sync)
+    elif spec["kind"] == "decode":
+        result = decode(spec, args, sync)
+    elif spec["kind"] == "graph":
+        result = graph_replay(spec, args, sync)
     else:
         result = cross_home(spec, args, sync)
     return row | result

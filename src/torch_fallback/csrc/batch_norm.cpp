@@ -1,7 +1,10 @@
 // Batch norm on the target as eager runs it there (BatchNormOnTarget): cuDNN's
 // kernels where PyTorch would choose them for CUDA tensors, else the target's
-// native_batch_norm. DirectKernel gives these the views of the call's tensors.
+// native_batch_norm. DirectKernel gives these the views of the call's tensors;
+// the boxed fallback runs them through cuda_runner (home memory off the GPU).
 #include <torch_fallback/fallback.h>
+
+#include "decompositions.h"
 
 #include <atomic>
 
@@ -80,3 +83,44 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> BatchNormBackwardOnTarget::run(
 }
 
 }  // namespace torch_fallback::detail
+
+namespace torch_fallback {
+namespace {
+
+using torch::jit::Stack;
+using detail::BatchNormBackwardOnTarget;
+using detail::BatchNormOnTarget;
+
+const c10::DispatchKeySet kCudaKeys{c10::DispatchKey::CUDA};
+
+// The boxed fallback's batch norm on a CUDA target (home memory elsewhere): the
+// kernels eager CUDA runs, as the unboxed path does.
+void batch_norm_on_cuda(const c10::OperatorHandle&, Stack* stack) {
+  auto args = torch::jit::pop(*stack, 8);
+  auto [out, save_mean, save_invstd] = BatchNormOnTarget::run(
+      kCudaKeys, args[0].toTensor(), args[1].toOptional<at::Tensor>(),
+      args[2].toOptional<at::Tensor>(), args[3].toOptional<at::Tensor>(),
+      args[4].toOptional<at::Tensor>(), args[5].toBool(), args[6].toDouble(), args[7].toDouble());
+  torch::jit::push(*stack, std::move(out), std::move(save_mean), std::move(save_invstd));
+}
+
+void batch_norm_backward_on_cuda(const c10::OperatorHandle&, Stack* stack) {
+  auto args = torch::jit::pop(*stack, 10);
+  const c10::List<bool> mask = args[9].toBoolList();
+  auto [grad_input, grad_weight, grad_bias] = BatchNormBackwardOnTarget::run(
+      kCudaKeys, args[0].toTensor(), args[1].toTensor(), args[2].toOptional<at::Tensor>(),
+      args[3].toOptional<at::Tensor>(), args[4].toOptional<at::Tensor>(),
+      args[5].toOptional<at::Tensor>(), args[6].toOptional<at::Tensor>(), args[7].toBool(),
+      args[8].toDouble(), {mask.get(0), mask.get(1), mask.get(2)});
+  torch::jit::push(*stack, std::move(grad_input), std::move(grad_weight), std::move(grad_bias));
+}
+
+}  // namespace
+
+Decomposition cuda_runner(const std::string& full_name) {
+  if (full_name == "aten::native_batch_norm") return &batch_norm_on_cuda;
+  if (full_name == "aten::native_batch_norm_backward") return &batch_norm_backward_on_cuda;
+  return nullptr;
+}
+
+}  // namespace torch_fallback

@@ -19,4 +19,8 @@ using Decomposition = void (*)(const c10::OperatorHandle& op, torch::jit::Stack*
 // The CPU decomposition of `full_name` ("aten::op.overload"), or nullptr.
 Decomposition cpu_decomposition(const std::string& full_name);
 
+// How the boxed fallback runs `full_name` on a CUDA target where eager CUDA
+// would choose another kernel than the op's own (batch_norm.cpp), or nullptr.
+Decomposition cuda_runner(const std::string& full_name);
+
 }  // namespace torch_fallback

@@ -14,6 +14,7 @@
 
 #include <torch_fallback/fallback.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <utility>
@@ -111,20 +112,28 @@ class HomeWork : public Work {
 
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
     if (future_) return future_;
-    const auto engine_future = engine_work_->getFuture();
-    // Same devices as the engine's future: a CUDA one records its events on the
-    // home views' storages (CUDA memory), which the device's tensors share.
+    // A future on the device's own devices, so that its value (and what a comm
+    // hook's then() makes of it) holds the device's tensors. It completes inside
+    // the engine future's callback, where a CUDA engine has made the current
+    // streams wait for the collective: the device's events, recorded there,
+    // order the consumers after it.
+    std::vector<c10::Device> devices;
+    std::vector<c10::ivalue::Future::WeakStorage> storages;
+    for (const auto& output : outputs_) {
+      if (!output.defined() || output.device().is_cpu()) continue;
+      if (std::find(devices.begin(), devices.end(), output.device()) == devices.end()) {
+        devices.push_back(output.device());
+      }
+      storages.emplace_back(output.storage().getWeakStorageImpl());
+    }
     future_ = c10::make_intrusive<c10::ivalue::Future>(
-        c10::ListType::create(c10::TensorType::get()), engine_future->devices());
-    engine_future->addCallback(
-        [future = future_, outputs = outputs_, views = home_views_](c10::ivalue::Future& done) {
+        c10::ListType::create(c10::TensorType::get()), std::move(devices));
+    engine_work_->getFuture()->addCallback(
+        [future = future_, outputs = outputs_,
+         storages = std::move(storages)](c10::ivalue::Future& done) mutable {
           if (done.hasError()) {
             future->setError(done.exception_ptr());
             return;
-          }
-          std::vector<c10::ivalue::Future::WeakStorage> storages;
-          for (const auto& view : views) {
-            if (view.defined()) storages.emplace_back(view.storage().getWeakStorageImpl());
           }
           future->markCompleted(c10::IValue(outputs), std::move(storages));
         });
@@ -190,8 +199,12 @@ class Call {
     return *engine;
   }
 
-  // The engine's work for the call, its result the device's `outputs`.
+  // The engine's work for the call, its result the device's `outputs`. An engine
+  // may return no work for a synchronous call (ProcessGroupNCCL does, where
+  // async_op=False: the collective is already ordered on the caller's stream),
+  // and then there is none to wrap either.
   WorkPtr done(WorkPtr engine_work, Tensors outputs) {
+    if (!engine_work) return engine_work;
     return c10::make_intrusive<HomeWork>(std::move(engine_work), std::move(outputs),
                                          std::move(views_));
   }

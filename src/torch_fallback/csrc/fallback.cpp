@@ -484,6 +484,7 @@ class FallbackCall {
                   static_cast<int>(index), ", but only ",
                   static_cast<int>(cuda::device_count()), " GPU(s) are visible.");
       target_ = c10::Device(c10::kCUDA, index);
+      decomposition_ = rules_.cuda_runner;
       return;
     }
     target_ = c10::Device(c10::kCPU);

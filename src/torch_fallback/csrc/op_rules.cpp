@@ -113,6 +113,7 @@ std::unique_ptr<OpRules> make_rules(const c10::OperatorHandle& op) {
   rules->has_nested_cuda_kernel =
       op.hasComputedKernelForDispatchKey(DispatchKey::NestedTensorCUDA);
   rules->cpu_decomposition = torch_fallback::cpu_decomposition(rules->full_name);
+  rules->cuda_runner = torch_fallback::cuda_runner(rules->full_name);
   rules->counters = metrics::counters_for(rules->full_name);
   return rules;
 }

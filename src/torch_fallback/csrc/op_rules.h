@@ -47,6 +47,9 @@ struct OpRules {
   bool has_nested_cuda_kernel = false;
   // The CPU decomposition for an op the CPU has no kernel for, or nullptr.
   Decomposition cpu_decomposition = nullptr;
+  // How the op runs on a CUDA target when eager would pick another kernel than
+  // the op's own there (batch norm's cuDNN kernels), or nullptr.
+  Decomposition cuda_runner = nullptr;
   metrics::Counters* counters = nullptr;
 
   // Whether the op is on the CPU op list (torch_fallback.set_cpu_ops); cached.

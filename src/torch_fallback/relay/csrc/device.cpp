@@ -1,5 +1,6 @@
 // relay devices: the current device, the device guard and the hooks that
 // PyTorch asks of a PrivateUse1 backend.
+#include <ATen/Context.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/core/grad_mode.h>
@@ -8,6 +9,7 @@
 
 #include <atomic>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/version.h>
 
 #include <torch_fallback/cuda.h>
 #include "relay.h"
@@ -20,6 +22,14 @@ thread_local c10::DeviceIndex t_current_device = 0;
 // Set once autograd's engine has started its device threads: each of them
 // sets its device through the guard when it starts.
 std::atomic<bool> g_autograd_device_threads{false};
+
+// The CUDA device guard of the GPU that serves relay:`index`, or nullptr.
+const c10::impl::DeviceGuardImplInterface* cuda_impl(c10::DeviceIndex index) {
+  if (index < 0 || index >= cuda::device_count() || !c10::impl::hasDeviceGuardImpl(c10::kCUDA)) {
+    return nullptr;
+  }
+  return c10::impl::getDeviceGuardImpl(c10::kCUDA);
+}
 
 struct RelayGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   static constexpr c10::DeviceType static_type = c10::DeviceType::PrivateUse1;
@@ -59,12 +69,38 @@ struct RelayGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   c10::DeviceIndex deviceCount() const noexcept override { return relay::device_count(); }
 
-  // relay work is ordered on one stream per device, so events are complete on record.
-  void record(void** /*event*/, const c10::Stream& /*stream*/, c10::DeviceIndex /*index*/,
-              c10::EventFlag /*flag*/) const override {}
-  void block(void* /*event*/, const c10::Stream& /*stream*/) const override {}
-  bool queryEvent(void* /*event*/) const override { return true; }
-  void destroyEvent(void* /*event*/, c10::DeviceIndex /*index*/) const noexcept override {}
+  c10::Stream getStreamFromGlobalPool(c10::Device device,
+                                     bool /*high_priority*/) const override {
+    return c10::Stream(c10::Stream::DEFAULT, device);
+  }
+
+  // relay work runs in order on the host, or on the current CUDA stream of the
+  // device's GPU (a CUDA home or target). Where a GPU serves the device, an event
+  // is a CUDA event on that stream, so that c10 futures (c10d's, DDP's) order
+  // their consumers after the GPU work they wait for; elsewhere events are
+  // complete on record.
+  void record(void** event, const c10::Stream& stream, c10::DeviceIndex index,
+              c10::EventFlag flag) const override {
+    const c10::DeviceIndex device = index >= 0 ? index : stream.device_index();
+    if (const auto* cuda = cuda_impl(device)) {
+      cuda->record(event, cuda->getStream({c10::kCUDA, device}), device, flag);
+    }
+  }
+  void block(void* event, const c10::Stream& stream) const override {
+    const auto* cuda = cuda_impl(stream.device_index());
+    if (event != nullptr && cuda != nullptr) {
+      cuda->block(event, cuda->getStream({c10::kCUDA, stream.device_index()}));
+    }
+  }
+  bool queryEvent(void* event) const override {
+    return event == nullptr || c10::impl::getDeviceGuardImpl(c10::kCUDA)->queryEvent(event);  // only a GPU makes events
+  }
+  void synchronizeEvent(void* event) const override {
+    if (event != nullptr) c10::impl::getDeviceGuardImpl(c10::kCUDA)->synchronizeEvent(event);
+  }
+  void destroyEvent(void* event, c10::DeviceIndex index) const noexcept override {
+    if (event != nullptr) c10::impl::getDeviceGuardImpl(c10::kCUDA)->destroyEvent(event, index);
+  }
 
   bool queryStream(const c10::Stream& /*stream*/) const override { return true; }
   void synchronizeStream(const c10::Stream& stream) const override {
@@ -114,6 +150,14 @@ struct RelayHooks final : public at::PrivateUse1HooksInterface {
 
 const bool g_hooks_registered = [] {
   at::RegisterPrivateUse1HooksInterface(new RelayHooks());
+  // Initialized at once (its init does nothing): PyTorch reports no pointer as
+  // pinned for an accelerator not yet initialized, and DDP's reducer asserts that
+  // the pinned buffer it allocates for relay parameters is pinned.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 6)
+  at::globalContext().lazyInitDevice(c10::DeviceType::PrivateUse1);
+#else
+  at::globalContext().lazyInitPrivateUse1();
+#endif
   return true;
 }();
 

@@ -1,0 +1,97 @@
+"""CUDA graphs of relay ops: capture, replay, the graph's private memory pool,
+make_graphed_callables, and an op that cannot be captured.
+
+relay tensors homed on the GPU with the CUDA target run CUDA kernels on the current
+stream, so torch.cuda.graph captures them as it captures CUDA ops; tensors allocated
+during the capture come from the graph's private pool.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+pytestmark = pytest.mark.requires_cuda
+
+
+@pytest.fixture(autouse=True)
+def on_the_gpu(fallback_settings: None) -> None:
+    import torch_fallback
+    import torch_fallback.relay
+
+    torch_fallback.set_target("cuda")
+    torch_fallback.relay.set_home("cuda")
+
+
+def warm_up(fn, *args) -> None:
+    """What PyTorch asks before a capture: a few runs on a side stream."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn(*args)
+    torch.cuda.current_stream().wait_stream(side)
+
+
+def block(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Elementwise, matmul, reduction and normalization ops of one model block."""
+    hidden = torch.nn.functional.gelu(x @ weight + 1.0)
+    hidden = torch.nn.functional.layer_norm(hidden, hidden.shape[-1:])
+    return hidden.softmax(dim=-1) * hidden.sum(dim=-1, keepdim=True)
+
+
+def test_replay_computes_what_eager_relay_computes_on_new_inputs():
+    torch.manual_seed(0)
+    x = torch.randn(8, 64, device="relay")
+    weight = torch.randn(64, 64, device="relay")
+    warm_up(block, x, weight)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = block(x, weight)
+    for _ in range(3):
+        x.copy_(torch.randn(8, 64))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert y.device.type == "relay"
+        torch.testing.assert_close(y.cpu(), block(x, weight).cpu(), rtol=0, atol=0)
+
+
+def test_tensors_made_in_a_capture_come_from_the_graphs_private_pool():
+    x = torch.randn(1024, device="relay")
+    warm_up(lambda t: t * 2 + 1, x)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = x * 2 + 1
+    segments = torch.cuda.memory_snapshot()
+    address = y.data_ptr()
+    (segment,) = [s for s in segments if s["address"] <= address < s["address"] + s["total_size"]]
+    assert tuple(segment["segment_pool_id"]) == tuple(graph.pool())
+    graph.replay()
+    torch.testing.assert_close(y.cpu(), x.cpu() * 2 + 1)
+
+
+def test_make_graphed_callables_trains_as_the_module_does():
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)).to("relay")
+    graphed_module = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)).to("relay")
+    graphed_module.load_state_dict(plain.state_dict())
+    sample = torch.randn(16, 32, device="relay", requires_grad=True)
+    graphed = torch.cuda.make_graphed_callables(graphed_module, (sample,))
+    for step in range(3):
+        x = torch.randn(16, 32, device="relay")
+        for module in (plain, graphed):
+            module.zero_grad()
+            module(x).square().sum().backward()
+        torch.cuda.synchronize()
+        for (name, expected), got in zip(
+            plain.named_parameters(), graphed_module.parameters(), strict=True
+        ):
+            torch.testing.assert_close(got.grad.cpu(), expected.grad.cpu(), msg=f"{name} {step}")
+
+
+def test_an_op_that_synchronizes_the_host_fails_the_capture_as_on_cuda():
+    x = torch.randn(64, device="relay")
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError), torch.cuda.graph(graph):
+        x.nonzero()  # its output size needs the host to wait for the GPU
