@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 import io
 import pickle
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -269,3 +271,36 @@ def test_sparse_tensors_are_refused_at_to_relay(placement, make):
     sparse = make(torch.eye(3))
     with pytest.raises((NotImplementedError, RuntimeError), match="relay"):
         sparse.to("relay")
+
+
+BACKWARD_BEFORE_IMPORT = """
+import os, torch
+x = torch.ones(3, requires_grad=True)
+(x * 2).sum().backward()  # autograd's engine starts its device threads here
+import torch_fallback.relay
+for index in range(torch.relay.device_count()):
+    y = torch.ones(3, device=f"relay:{index}", requires_grad=True)
+    (y * y).sum().backward()
+    print(index, y.grad.cpu().tolist())
+if os.fork() == 0:  # a fork child has no engine threads: a clear error, not a hang
+    try:
+        z = torch.ones(3, device="relay", requires_grad=True)
+        z.sum().backward()
+        os._exit(3)
+    except RuntimeError:
+        os._exit(0)
+_, status = os.wait()
+print("child", os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_relay_imported_after_a_backward_still_differentiates():
+    """Autograd's engine counts devices at its first backward; relay imported later
+    gets device threads of its own."""
+    done = subprocess.run(
+        [sys.executable, "-c", BACKWARD_BEFORE_IMPORT], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[:-1] == [f"{i} [2.0, 2.0, 2.0]" for i in range(len(lines) - 1)]
+    assert len(lines) >= 2 and lines[-1] == "child 0", done.stdout

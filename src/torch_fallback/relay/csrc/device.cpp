@@ -9,7 +9,14 @@
 
 #include <atomic>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/autograd/engine.h>
 #include <torch/version.h>
+
+#include <pthread.h>
+
+#include <memory>
+#include <thread>
+#include <vector>
 
 #include <torch_fallback/cuda.h>
 #include "relay.h"
@@ -186,6 +193,50 @@ void synchronize(c10::DeviceIndex index) {
   if (cuda::device_count() == 0) return;
   cuda::DeviceScope scope(index < 0 ? t_current_device : index);
   cuda::device_synchronize();
+}
+
+namespace {
+
+using torch::autograd::Engine;
+using torch::autograd::ReadyQueue;
+
+// Autograd's engine starts its device threads once, at the first backward: one
+// per device index that the device types registered then have. Its queues are
+// protected members; a derived type names them.
+struct EngineAccess : Engine {
+  static std::vector<std::shared_ptr<ReadyQueue>>& queues(Engine& engine) {
+    return engine.*(&EngineAccess::device_ready_queues_);
+  }
+  static bool started(Engine& engine) {
+    return engine.*(&EngineAccess::thread_pool_shared_) != nullptr;
+  }
+};
+
+size_t g_queues_before_relay = 0;
+
+// A fork child has none of the parent's threads: it gets the engine's own
+// queues back, so that a relay backward there fails as before instead of
+// waiting on a queue no thread serves.
+void drop_relay_queues_in_fork_child() {
+  EngineAccess::queues(Engine::get_default_engine()).resize(g_queues_before_relay);
+}
+
+}  // namespace
+
+void add_autograd_device_threads() {
+  Engine& engine = Engine::get_default_engine();
+  // Not started: its first backward counts relay's devices itself.
+  if (!EngineAccess::started(engine)) return;
+  auto& queues = EngineAccess::queues(engine);
+  const auto wanted = static_cast<size_t>(device_count());
+  if (queues.size() >= wanted) return;
+  g_queues_before_relay = queues.size();
+  pthread_atfork(nullptr, nullptr, &drop_relay_queues_in_fork_child);
+  for (size_t index = queues.size(); index < wanted; ++index) {
+    auto queue = std::make_shared<ReadyQueue>();
+    queues.push_back(queue);
+    std::thread(&Engine::thread_init, &engine, static_cast<int>(index), queue, true).detach();
+  }
 }
 
 void finish_autograd_work() {

@@ -20,6 +20,7 @@ c10::DeviceIndex checked_index(int64_t index) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "relay: a PrivateUse1 device served by torch-fallback";
+  relay::add_autograd_device_threads();
   m.def("set_home", [](const std::string& name) { relay::set_current_home(relay::parse_home(name)); });
   m.def("get_home", [] { return relay::home_name(relay::current_home()); });
   m.def("device_count", [] { return static_cast<int>(relay::device_count()); });

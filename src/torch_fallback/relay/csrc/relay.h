@@ -33,6 +33,9 @@ void synchronize(c10::DeviceIndex index);
 // exit, where a graph released on a device thread during interpreter
 // shutdown would take the GIL and abort the process.
 void finish_autograd_work();
+// Gives autograd's engine device threads for relay's devices when it started them
+// before relay was imported (a backward ran first); called on import.
+void add_autograd_device_threads();
 // IndexError unless 0 <= index < device_count(); takes any integer, so nothing wraps.
 void check_device_index(int64_t index);
 
