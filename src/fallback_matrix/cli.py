@@ -133,14 +133,19 @@ def run_cell(
     return record
 
 
-def run_tooling_tests(matrix: LoadedMatrix, artifacts: Path, reporter: Reporter) -> None:
-    """The tooling's own tests on the host, recorded like a cell named 'tooling'."""
+def run_tooling_tests(
+    matrix: LoadedMatrix, artifacts: Path, reporter: Reporter, markers: str = ""
+) -> None:
+    """The tooling's own tests on the host (those ``markers`` selects), recorded like a cell
+    named 'tooling'."""
     target = artifacts / TOOLING_ROW
     shutil.rmtree(target, ignore_errors=True)
     paths = matrix.spec.project_tests.tooling_paths
-    reporter.rule(f"tooling tests: {' '.join(paths)}")
+    reporter.rule(f"tooling tests: {' '.join(paths)}" + (f" (-m {markers!r})" if markers else ""))
     tests = [matrix.root / path for path in paths]
     command = pytest_command([sys.executable], tests, matrix.root, target / JUNIT_FILE, TOOLING_ROW)
+    if markers:
+        command += ["-m", markers]
     status = subprocess.call(command, cwd=matrix.root)
     record = {"cell": TOOLING_ROW, "runner": "host", "exit_code": status}
     record["error"] = f"tooling tests failed; see above ({target})" if status else None
@@ -282,7 +287,8 @@ def cmd_summary(c: Context) -> int:
 
 
 def cmd_project_tests(c: Context) -> int:
-    run_tooling_tests(c.matrix, c.artifacts, c.reporter)
+    selected = c.matrix.spec.project_tests.tooling_markers
+    run_tooling_tests(c.matrix, c.artifacts, c.reporter, selected)
     cell = c.cell(c.matrix.spec.project_tests.cell)
     return c.run([cell], "tests", [TOOLING_ROW, cell.name])  # failed if either did
 

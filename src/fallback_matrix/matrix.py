@@ -115,6 +115,11 @@ class ProjectTests(_Strict):
 
     cell: CellName
     tooling_paths: list[str] = Field(min_length=1, description="test paths, e.g. [tests/matrix]")
+    tooling_markers: str = Field(
+        default="",
+        description="pytest -m expression for the tooling tests `nox -s tests` runs (e.g. "
+        "'not slow'); `nox -s tooling-tests` runs them all",
+    )
 
 
 class ModelsRun(_Strict):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -104,3 +106,26 @@ def test_pick_cells_names_unknown_cells(matrix_data: dict[str, Any]) -> None:
         match=r"unknown cell\(s\): rocm\. Cells in matrix\.yaml: cpu, cuda, cuda-gpu",
     ):
         pick_cells(cells, ["cpu", "rocm"])
+
+
+def test_nox_s_tests_runs_the_tooling_tests_its_markers_select(
+    matrix_data: dict[str, Any],
+    write_matrix: Callable[[Any], Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`nox -s tests` leaves out what project_tests.tooling_markers deselects (the slow
+    Docker tests); `nox -s tooling-tests` runs every tooling test."""
+    from fallback_matrix import cli
+    from fallback_matrix.matrix import load_matrix
+
+    matrix_data["project_tests"]["tooling_markers"] = "not slow"
+    matrix = load_matrix(write_matrix(matrix_data))
+    commands: list[list[str]] = []
+    monkeypatch.setattr(cli.subprocess, "call", lambda command, **_: commands.append(command) or 0)
+    reporter = cli.Reporter()
+    cli.run_tooling_tests(matrix, tmp_path, reporter, matrix.spec.project_tests.tooling_markers)
+    cli.run_tooling_tests(matrix, tmp_path, reporter)
+    selected, everything = commands
+    assert selected[-2:] == ["-m", "not slow"]
+    assert everything[-2] != "-m" and "not slow" not in everything
