@@ -236,7 +236,7 @@ def decoder(name: str) -> nn.Module:
     else:
         config = transformers.GPT2Config(
             vocab_size=d["vocab"], n_embd=d["hidden"], n_layer=d["layers"], n_head=d["heads"],
-            n_positions=256,
+            n_positions=256, bos_token_id=0, eos_token_id=0,
         )  # fmt: skip
         model = transformers.GPT2LMHeadModel(config)
     return model.eval()

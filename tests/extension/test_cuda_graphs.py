@@ -76,7 +76,8 @@ def test_make_graphed_callables_trains_as_the_module_does():
     plain = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)).to("relay")
     graphed_module = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)).to("relay")
     graphed_module.load_state_dict(plain.state_dict())
-    sample = torch.randn(16, 32, device="relay", requires_grad=True)
+    # as PyTorch asks: the sample's requires_grad is the real inputs'
+    sample = torch.randn(16, 32, device="relay")
     graphed = torch.cuda.make_graphed_callables(graphed_module, (sample,))
     for step in range(3):
         x = torch.randn(16, 32, device="relay")

@@ -168,33 +168,39 @@ def test_tensors_in_two_homes_are_a_clear_error(tmp_path):
 # init_process_group of some torch releases (2.11) takes a device_id only of the
 # accelerator's type, and a registered PrivateUse1 device is the accelerator.
 ACCELERATOR_ONLY = "does not match the current compilation's accelerator support"
+NCCL_JOB = """
+import torch, torch.distributed as dist
+import torch_fallback.relay
+dist.init_process_group(
+    "nccl", init_method="file://{store}", rank=0, world_size=1, {device_id}
+)
+{barrier}
+x = torch.ones(4, device="cuda")
+dist.all_reduce(x)
+dist.broadcast(x, 0)
+torch.cuda.synchronize()
+print("sum", x.sum().item())
+dist.destroy_process_group()
+"""
 
 
 @pytest.mark.requires_cuda
-@pytest.mark.parametrize("device_id", [False, True], ids=["no-device-id", "device-id"])
-def test_a_nccl_job_that_imports_relay_still_runs(device_id, tmp_path):
-    """Importing relay makes it the accelerator; a plain NCCL job still runs its barrier
-    and collectives on CUDA, with device_id= (as PyTorch asks of NCCL jobs) wherever
-    that torch's init_process_group accepts a device_id of another type than the
-    accelerator's."""
-    code = f"""
-        import torch, torch.distributed as dist
-        import torch_fallback.relay
-        dist.init_process_group(
-            "nccl", init_method="file://{tmp_path}/store", rank=0, world_size=1,
-            {"device_id=torch.device('cuda', 0)," if device_id else ""}
-        )
-        dist.barrier()
-        x = torch.ones(4, device="cuda")
-        dist.all_reduce(x)
-        torch.cuda.synchronize()
-        print("sum", x.sum().item())
-        dist.destroy_process_group()
-    """
+@pytest.mark.parametrize("named_device", [False, True], ids=["collectives", "device-id-barrier"])
+def test_a_nccl_job_that_imports_relay_still_runs(named_device, tmp_path):
+    """Importing relay makes it torch's accelerator. A plain NCCL job's collectives on
+    CUDA tensors still run; its barrier, which runs on the device the job names
+    (device_id=, as PyTorch asks of NCCL jobs) or else on the accelerator, runs
+    wherever that torch's init_process_group accepts a device_id of another type
+    than the accelerator's."""
+    code = NCCL_JOB.format(
+        store=tmp_path / "store",
+        device_id="device_id=torch.device('cuda', 0)," if named_device else "",
+        barrier="dist.barrier()" if named_device else "",
+    )
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300
     )
-    if device_id and done.returncode != 0 and ACCELERATOR_ONLY in done.stderr:
+    if named_device and done.returncode != 0 and ACCELERATOR_ONLY in done.stderr:
         pytest.xfail(f"torch {torch.__version__} takes device_id only of the accelerator's type")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "sum 4.0" in done.stdout
