@@ -2,7 +2,7 @@
 # requires-python = ">=3.11"
 # dependencies = [
 #   "nox>=2025.2.9", "fallback-matrix @ file:./src/fallback_matrix", "pytest>=8", "hypothesis>=6",
-#   "pyyaml>=6", "pypiserver>=2", "twine>=5",
+#   "pyyaml>=6", "pypiserver>=2", "twine>=5", "build>=1.2",
 # ]
 # ///
 """nox sessions of torch-fallback: thin wrappers over fallback_matrix.
@@ -23,7 +23,7 @@ import nox
 
 from fallback_matrix import cli
 from fallback_matrix.matrix import expand_cells, find_matrix_file, load_matrix
-from fallback_matrix.workflows import CrossTest, cross_tests
+from fallback_matrix.workflows import WheelTest, wheel_tests
 
 ROOT = Path(__file__).resolve().parent
 
@@ -48,22 +48,22 @@ def _build_session(cell: str) -> None:
     nox.session(name=f"build-{cell}", python=False)(build)
 
 
-def _cross_session(cross: CrossTest) -> None:
-    def run_cross(session: nox.Session) -> None:
-        _call(session, "cross", cross.name)
+def _wheel_test_session(test: WheelTest) -> None:
+    def run_wheel_test(session: nox.Session) -> None:
+        _call(session, "cross", test.name)
 
-    run_cross.__doc__ = (
-        f"The wheel of cell {cross.source.name!r} (nox -s build-{cross.source.name} first) "
-        f"tested on the {cross.target.variant.upper()} torch of cell {cross.target.name!r}."
+    run_wheel_test.__doc__ = (
+        f"The {test.title} (nox -s build-{test.source.name} first): torch {test.target.torch}, "
+        f"Python {test.target.python}."
     )
-    nox.session(name=cross.name, python=False)(run_cross)
+    nox.session(name=test.name, python=False)(run_wheel_test)
 
 
 _SPEC = load_matrix(find_matrix_file(ROOT)).spec
 for _cell in _SPEC.cells:
     _build_session(_cell.name)
-for _cross in cross_tests(expand_cells(_SPEC)):
-    _cross_session(_cross)
+for _test in wheel_tests(expand_cells(_SPEC)):
+    _wheel_test_session(_test)
 
 
 @nox.session(python=False)
@@ -122,8 +122,11 @@ def clean(session: nox.Session) -> None:
 
 @nox.session(name="publish-local", python=False)
 def publish_local(session: nox.Session) -> None:
-    """twine upload the built wheels to a local pypiserver; a fresh container installs from it."""
-    _call(session, "publish-local")
+    """twine upload the built wheels and the sdist to a local pypiserver; fresh containers
+    install from it on two Pythons: cpu's wheel on 3.11, the one abi3 wheel of cuda on 3.12
+    (-- --cell NAME ... picks others)."""
+    cells = [] if "--cell" in session.posargs else ["--cell", "cpu", "--cell", "cuda-on-py312"]
+    _call(session, "publish-local", *cells)
 
 
 @nox.session(python=False)

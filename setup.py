@@ -1,24 +1,35 @@
-"""Build of torch-fallback's two shared libraries against the installed torch.
+"""Build of torch-fallback's shared libraries against the installed torch.
 
 Build with no build isolation, in the environment whose torch you will run:
     pip wheel --no-build-isolation --no-deps -w dist .
+
+The source distribution needs no torch (python -m build --sdist); building a
+wheel from it without torch stops at once with what to do instead.
 """
 
 import json
 import os
+import sys
 from pathlib import Path
 
 from setuptools import setup
+
+# What needs no compiler and no torch: the source distribution and its metadata.
+SOURCE_ONLY_COMMANDS = {"sdist", "egg_info"}
 
 try:
     import torch
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 except ImportError as error:  # pragma: no cover - depends on the build environment
-    raise SystemExit(
-        "torch-fallback compiles against the torch installed in this environment, and torch "
-        f"cannot be imported ({error}). Install the torch you will run first, then build "
-        "without build isolation: pip wheel --no-build-isolation --no-deps ."
-    ) from error
+    if sys.argv[1:2] and sys.argv[1] not in SOURCE_ONLY_COMMANDS:
+        raise SystemExit(
+            "torch-fallback compiles against the torch installed in this environment, and torch "
+            f"cannot be imported ({error}); pip's build isolation hides it. Install the torch "
+            "you will run first, then torch-fallback without build isolation:\n"
+            "    pip install torch\n"
+            "    pip install --no-build-isolation torch-fallback"
+        ) from error
+    torch = None
 
 PACKAGE = Path("src/torch_fallback")
 CSRC = PACKAGE / "csrc"
@@ -53,77 +64,93 @@ def build_info() -> dict:
     }
 
 
-class BuildWithInfo(BuildExtension):
-    """Compiles the extensions and records which torch they were built against.
+def build_command() -> type:
+    class BuildWithInfo(BuildExtension):
+        """Compiles the extensions and records which torch they were built against.
 
-    torch_fallback reads the record before it loads _C, so that a torch other
-    than the one built against gives a clear ImportError instead of an
-    undefined-symbol error from the dynamic loader.
-    """
+        torch_fallback reads the record before it loads _C, so that a torch other
+        than the one built against gives a clear ImportError instead of an
+        undefined-symbol error from the dynamic loader.
+        """
 
-    def run(self) -> None:
-        super().run()
-        package_dir = Path(self.get_ext_fullpath("torch_fallback._C")).parent
-        (package_dir / BUILD_INFO).write_text(json.dumps(build_info(), indent=2) + "\n")
+        def run(self) -> None:
+            super().run()
+            package_dir = Path(self.get_ext_fullpath("torch_fallback._C")).parent
+            (package_dir / BUILD_INFO).write_text(json.dumps(build_info(), indent=2) + "\n")
+
+    return BuildWithInfo
 
 
-info = build_info()
-version_macros = [
-    ("TORCH_FALLBACK_BUILT_TORCH", json.dumps(info["torch_version"])),
-    ("TORCH_FALLBACK_BUILT_CUDA", json.dumps(info["cuda_version"] or "")),
-]
+def version_macros() -> list[tuple[str, str]]:
+    info = build_info()
+    return [
+        ("TORCH_FALLBACK_BUILT_TORCH", json.dumps(info["torch_version"])),
+        ("TORCH_FALLBACK_BUILT_CUDA", json.dumps(info["cuda_version"] or "")),
+    ]
+
 
 # Absolute: ninja compiles from the build directory.
 PUBLIC_INCLUDE = str((PACKAGE / "include").resolve())
 
-extensions = [
-    # The library: the boxed fallback, its settings and metrics, and the
-    # public C++ API (include/torch_fallback) that backends build against.
-    CppExtension(
-        "torch_fallback._C",
-        sources(
-            CSRC,
-            "bindings.cpp",
-            "cuda.cpp",
-            "settings.cpp",
-            "metrics.cpp",
-            "op_rules.cpp",
-            "decompositions.cpp",
-            "native_kernels.cpp",
-            "batch_norm.cpp",
-            "fallback.cpp",
-            "distributed.cpp",
+# Every extension uses only the CPython stable ABI (Python calls it through
+# torch.ops), so one wheel, tagged cp310-abi3, serves CPython 3.10 and later;
+# py_limited_api=True also makes torch's BuildExtension define Py_LIMITED_API
+# and leaves libtorch_python unlinked.
+PYTHON_ABI = "cp310"
+
+
+def extensions() -> list:
+    return [
+        # The library: the boxed fallback, its settings and metrics, and the
+        # public C++ API (include/torch_fallback) that backends build against.
+        CppExtension(
+            "torch_fallback._C",
+            sources(
+                CSRC,
+                "bindings.cpp",
+                "cuda.cpp",
+                "settings.cpp",
+                "metrics.cpp",
+                "op_rules.cpp",
+                "decompositions.cpp",
+                "native_kernels.cpp",
+                "batch_norm.cpp",
+                "fallback.cpp",
+                "distributed.cpp",
+            ),
+            include_dirs=[PUBLIC_INCLUDE],
+            define_macros=version_macros(),
+            extra_compile_args={"cxx": CXX_FLAGS},
+            extra_link_args=LINK_FLAGS,
+            py_limited_api=True,
         ),
-        include_dirs=[PUBLIC_INCLUDE],
-        define_macros=version_macros,
-        extra_compile_args={"cxx": CXX_FLAGS},
-        extra_link_args=LINK_FLAGS,
-    ),
-    # The c10::cuda stand-ins, loaded only on a PyTorch built without CUDA.
-    CppExtension(
-        "torch_fallback._C_cuda_functions",
-        sources(CSRC, "cuda_functions_stub.cpp"),
-        include_dirs=[PUBLIC_INCLUDE],
-        extra_compile_args={"cxx": CXX_FLAGS},
-        extra_link_args=LINK_FLAGS,
-    ),
-    # relay, the first client: built only on the public API, like any backend.
-    CppExtension(
-        "torch_fallback.relay._C",
-        sources(
-            RELAY_CSRC,
-            "storage.cpp",
-            "device.cpp",
-            "generator.cpp",
-            "autocast.cpp",
-            "kernels.cpp",
-            "module.cpp",
+        # The c10::cuda stand-ins, loaded only on a PyTorch built without CUDA.
+        CppExtension(
+            "torch_fallback._C_cuda_functions",
+            sources(CSRC, "cuda_functions_stub.cpp"),
+            include_dirs=[PUBLIC_INCLUDE],
+            extra_compile_args={"cxx": CXX_FLAGS},
+            extra_link_args=LINK_FLAGS,
+            py_limited_api=True,
         ),
-        include_dirs=[PUBLIC_INCLUDE],
-        extra_compile_args={"cxx": CXX_FLAGS},
-        extra_link_args=LINK_FLAGS,
-    ),
-]
+        # relay, the first client: built only on the public API, like any backend.
+        CppExtension(
+            "torch_fallback.relay._C",
+            sources(
+                RELAY_CSRC,
+                "storage.cpp",
+                "device.cpp",
+                "generator.cpp",
+                "autocast.cpp",
+                "kernels.cpp",
+                "module.cpp",
+            ),
+            include_dirs=[PUBLIC_INCLUDE],
+            extra_compile_args={"cxx": CXX_FLAGS},
+            extra_link_args=LINK_FLAGS,
+            py_limited_api=True,
+        ),
+    ]
 
 
 # --- distribution metadata: the torch pin and the build label (kept apart from the build) ---
@@ -151,4 +178,12 @@ def distribution_metadata() -> dict:
     }
 
 
-setup(ext_modules=extensions, cmdclass={"build_ext": BuildWithInfo}, **distribution_metadata())
+if torch is None:  # the source distribution: its metadata, nothing to compile
+    setup(version=VERSION, install_requires=["torch"])
+else:
+    setup(
+        ext_modules=extensions(),
+        cmdclass={"build_ext": build_command()},
+        options={"bdist_wheel": {"py_limited_api": PYTHON_ABI}},
+        **distribution_metadata(),
+    )

@@ -2,7 +2,7 @@
 # Provide the python:X.Y-slim-bookworm base images that matrix.yaml names, on a
 # host that can reach no image registry (GitHub's runners pull the official ones).
 #
-#   bash docker/local-python-images.sh            # every python:*-slim-bookworm of matrix.yaml
+#   bash docker/local-python-images.sh            # every Python of matrix.yaml (images, also_pythons)
 #   bash docker/local-python-images.sh 3.10 3.13  # these versions
 #
 # An image already present (or pullable) is left alone. Otherwise it is built
@@ -16,7 +16,10 @@ PYENV_ROOT=${PYENV_ROOT:-$HOME/.pyenv}
 
 versions=("$@")
 if [ ${#versions[@]} -eq 0 ]; then
-  mapfile -t versions < <(grep -oE 'python:3\.[0-9]+-slim-bookworm' matrix.yaml | sort -u | sed -E 's/python:(3\.[0-9]+)-.*/\1/')
+  # the base images matrix.yaml names, and the Pythons of its cells' also_pythons rows
+  mapfile -t versions < <(
+    { grep -oE 'python:3\.[0-9]+-slim-bookworm' matrix.yaml | sed -E 's/python:(3\.[0-9]+)-.*/\1/'
+      grep -E '^\s*also_pythons:' matrix.yaml | grep -oE '3\.[0-9]+'; } | sort -u)
 fi
 
 for version in "${versions[@]}"; do

@@ -6,7 +6,11 @@ pip install --no-build-isolation .
 from setuptools import setup
 
 try:
-    from torch_fallback.cpp_extension import BackendExtension, BuildExtension
+    from torch_fallback.cpp_extension import (
+        ABI3_WHEEL_OPTIONS,
+        BackendExtension,
+        BuildExtension,
+    )
 except ImportError as error:  # pragma: no cover - depends on the build environment
     raise SystemExit(
         f"tinydev builds against the torch and torch-fallback installed in this environment, "
@@ -23,4 +27,5 @@ setup(
         )
     ],
     cmdclass={"build_ext": BuildExtension},
+    options=ABI3_WHEEL_OPTIONS,  # one cp310-abi3 wheel for every CPython from 3.10 on
 )

@@ -17,6 +17,8 @@ example     the third-party backend every job builds and tests against the wheel
 gpu test    a ``gpu: true`` cell: the wheel of the build cell with the same torch, on a GPU
 cross test  the wheel of a cpu cell on the CUDA build of the same torch release, and the reverse
             (``workflows.cross_tests``)
+Python row  a cell's one abi3 wheel on another Python of its ``also_pythons``, the same torch
+            (``workflows.python_tests``)
 cache       the wheelhouses and the cells' cached environments, each kept under a size cap,
             least recently used pruned first, never an entry in use (``cache``)
 workflow    a GitHub workflow generated from the matrix (``workflows``, from workflows.yaml)

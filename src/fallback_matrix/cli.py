@@ -28,7 +28,7 @@ from .matrix import Cell, CellError, LoadedMatrix, MatrixError, pick_cells
 from .report import JUNIT_FILE, LOG_FILE, RESULT_FILE, Reporter, run_process
 from .runners import Runner
 from .wheelhouse import ensure_wheelhouse, wheelhouse_path
-from .workflows import REGENERATE_COMMAND, check_workflows, cross_tests, plan_workflows
+from .workflows import REGENERATE_COMMAND, check_workflows, plan_workflows, wheel_tests
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 TOOLING_ROW = "tooling"
@@ -266,9 +266,8 @@ def cmd_list(c: Context) -> int:
     c.reporter.table(table)
     for variant, index in sorted({(cell.variant, cell.index) for cell in c.cells}):
         c.reporter.line(f"index {variant}: {index.url}  ({index.source})")
-    for cross in cross_tests(c.cells):
-        what = f"the wheel of {cross.source.name} on the torch of {cross.target.name}"
-        c.reporter.line(f"cross test {cross.name}: {what}, -m '{cross.cell.tests.markers}'")
+    for test in wheel_tests(c.cells):
+        c.reporter.line(f"wheel test {test.name}: {test.title}, -m '{test.cell.tests.markers}'")
     return EXIT_OK
 
 
@@ -328,15 +327,27 @@ def cmd_test_wheel(c: Context) -> int:
 
 
 def cmd_cross(c: Context) -> int:
-    crosses = {cross.name: cross for cross in cross_tests(c.cells)}
-    if (cross := crosses.get(c.args.cross)) is None:
+    tests = {test.name: test for test in wheel_tests(c.cells)}
+    if (test := tests.get(c.args.cross)) is None:
         raise MatrixError(
-            f"no cross test {c.args.cross!r} in {c.matrix.file.name}; it has "
-            f"{', '.join(crosses) or 'none'} (a cpu and a cuda build cell of the same torch "
-            "release and Python make a pair, one in each direction)"
+            f"no wheel test {c.args.cross!r} in {c.matrix.file.name}; it has "
+            f"{', '.join(tests) or 'none'} (a cpu and a cuda build cell of the same torch "
+            "release and Python make a cross pair, one in each direction; a cell's "
+            "also_pythons make its Python rows)"
         )
-    wheel = Path(c.args.wheel) if c.args.wheel else c.artifacts / cross.source.name
-    return run_wheel_tests(c, cross.cell, wheel, cross.target.name)
+    wheel = Path(c.args.wheel) if c.args.wheel else c.artifacts / test.source.name
+    return run_wheel_tests(c, test.cell, wheel, test.title)
+
+
+def build_sdist(root: Path, out: Path, log: Reporter) -> Path:
+    """The source distribution (python -m build --sdist): it needs no torch; a wheel built
+    from it without torch stops at once with what to do (setup.py)."""
+    before = set(out.glob("torch_fallback-*.tar.gz"))
+    command = [sys.executable, "-m", "build", "--sdist", "--outdir", str(out), str(root)]
+    if run_process(command, log.line):
+        raise MatrixError("python -m build --sdist failed; see above")
+    (sdist,) = set(out.glob("torch_fallback-*.tar.gz")) - before or set(out.glob("*.tar.gz"))
+    return sdist
 
 
 def cmd_dist(c: Context) -> int:
@@ -345,30 +356,54 @@ def cmd_dist(c: Context) -> int:
     out = Path(c.args.out).resolve()
     for wheel in collect_dist(c.artifacts, pick_cells(c.cells, c.args.cells), out, tag):
         c.reporter.say(f"{wheel.name} -> {out}")
+    sdist = build_sdist(c.matrix.root, out, c.reporter)
+    version = sdist.name.removeprefix("torch_fallback-").removesuffix(".tar.gz")
+    if tag and version != tag.removeprefix("v"):
+        raise MatrixError(f"not publishing: {sdist.name}: version {version} is not the tag's {tag}")
+    c.reporter.say(f"{sdist.name} -> {out}")
     return EXIT_OK
+
+
+def install_target(c: Context, name: str) -> tuple[Cell, Cell]:
+    """(the cell to install into, the build cell whose wheel it takes) for a cell of the
+    matrix or a wheel test (a Python row: the wheel of its cell on another Python)."""
+    tests = {test.name: test for test in wheel_tests(c.cells)}
+    if name in tests:
+        return tests[name].target, tests[name].source
+    cell = c.cell(name)
+    return cell, cell
 
 
 def cmd_publish_local(c: Context) -> int:
     wheels = sorted({w.name: w for w in c.artifacts.glob("*/torch_fallback-*.whl")}.values())
     if not wheels:
         raise MatrixError(f"no wheels under {c.artifacts}; build cells first (nox -s build-cpu)")
-    version = parse_wheel_filename(find_wheel(c.artifacts / c.args.cell).name)[1]
-    cell = c.cell(c.args.cell, f"{c.args.cell}-from-index")
+    targets = [install_target(c, name) for name in dict.fromkeys(c.args.cell or ["cpu"])]
     packages = cache_root(c.matrix.root) / "local-index"
     shutil.rmtree(packages, ignore_errors=True)
+    status = EXIT_OK
     with (
         c.reporter.for_cell("publish", c.artifacts / "publish-local" / "publish.log") as log,
         local_index(packages, log) as url,
     ):
-        log.say(f"twine upload of {len(wheels)} wheel(s) to {url}/")
+        sdist = build_sdist(c.matrix.root, packages.parent / "sdist", log)
+        log.say(f"twine upload of {len(wheels)} wheel(s) and {sdist.name} to {url}/")
         twine = [sys.executable, "-m", "twine", "upload", "--non-interactive", "-u", "ci"]
-        upload = [*twine, "-p", "ci", "--repository-url", f"{url}/", *map(str, wheels)]
+        upload = [*twine, "-p", "ci", "--repository-url", f"{url}/", *map(str, wheels), str(sdist)]
         if run_process(upload, log.line):
             raise MatrixError(f"twine upload to {url} failed; see above")
         log.say(f"local index now serves: {', '.join(sorted(p.name for p in packages.iterdir()))}")
-        requirement = f"torch-fallback=={version}"
-        title = "installed from the local index"
-        return c.run([cell], title, index_url=f"{url}/simple/", requirement=requirement)
+        for cell, source in targets:
+            version = parse_wheel_filename(find_wheel(c.artifacts / source.name).name)[1]
+            into = cell.model_copy(update={"name": f"{cell.name}-from-index"})
+            title = f"installed from the local index (Python {cell.python})"
+            status |= c.run(
+                [into],
+                title,
+                index_url=f"{url}/simple/",
+                requirement=f"torch-fallback=={version}",
+            )
+    return status
 
 
 def cmd_workflows(c: Context) -> int:

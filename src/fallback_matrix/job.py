@@ -283,7 +283,25 @@ def repair_wheel(
     print(shown, flush=True)
     if show.returncode != 0 or "manylinux" not in repaired.name:
         raise StepFailed(f"auditwheel show failed on {repaired.name}; see above")
-    return repaired, shown
+    return repaired, shown + "\n" + audit_stable_abi(job, repaired, env)
+
+
+def audit_stable_abi(job: Job, wheel: Path, env: Mapping[str, str]) -> str:
+    """abi3audit: every extension of the wheel uses only the stable ABI its tag claims
+    (cp310-abi3: one wheel for every CPython from 3.10 on)."""
+    if "-abi3-" not in wheel.name:
+        raise StepFailed(
+            f"{wheel.name} is not tagged abi3: setup.py builds every extension with "
+            "py_limited_api=True and tags the wheel through bdist_wheel's py_limited_api"
+        )
+    audit = capture(job.venv("-m", "abi3audit", "--strict", "--verbose", wheel), env=env)
+    report = f"abi3audit --strict {wheel.name}\n" + (audit.stdout + audit.stderr).strip()
+    print(report, flush=True)
+    if audit.returncode != 0:
+        raise StepFailed(
+            f"abi3audit found symbols outside the stable ABI in {wheel.name}; see above"
+        )
+    return report
 
 
 def install_wheel(job: Job, wheel: Path | None, env: Mapping[str, str], report: Reporter) -> None:

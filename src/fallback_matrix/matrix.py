@@ -3,6 +3,7 @@ problem (YAML, a repeated key, the schema, references between keys) names the fi
 the key path (``cells[1].torch``); all end up in one MatrixFileError."""
 
 import difflib
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple, cast, get_args
@@ -57,6 +58,7 @@ CellName = Annotated[str, Field(pattern=r"^[a-z0-9]+(-[a-z0-9]+)*$", description
 PythonVersion = Annotated[
     str, Field(pattern=r"^3\.[0-9]{1,2}$", description='a Python version "3.X" as a quoted string')
 ]
+PYTHON_IMAGE = re.compile(r"^python:3\.[0-9]{1,2}(?=-|$)")
 TORCH_PATTERN = r"^[0-9]+\.[0-9]+(\.[0-9]+)?((a|b|rc|\.dev|\.post)[0-9]+)*(\+[a-z0-9.]+)?$"
 
 
@@ -104,6 +106,9 @@ class _CellFields(_Strict):  # what `CellSpec` (as written in the file) and `Cel
 
 class CellSpec(_CellFields):  # as written in the file; `Cell`: with the defaults applied
     python: PythonVersion | None = None
+    also_pythons: list[PythonVersion] = Field(
+        default=[], description="other Pythons the cell's one (abi3) wheel is tested on"
+    )
     runner: str | None = Field(default=None, description="a key of `runners`")
     selections: list[SelectionName] | None = Field(default=None, min_length=1)
     image: ImageOverride | None = None
@@ -260,6 +265,15 @@ def _reference_problems(spec: MatrixFile) -> Iterator[tuple[KeyPath, str]]:
             yield (*at, "pypi"), f"a second pypi: true cell for Python {python} ({first_pypi})"
         elif cell.pypi:
             pypi_cells[python] = cell.name
+        image = cell.image.base if cell.image and cell.image.base else spec.defaults.image.base
+        for position, other in enumerate(cell.also_pythons):
+            where = (*at, "also_pythons", position)
+            if other == python or other in cell.also_pythons[:position]:
+                yield where, f"Python {other} is listed twice (the cell's own Python is {python})"
+            elif cell.gpu:
+                yield where, "a gpu cell tests its build cell's wheel; list Pythons there"
+            elif not PYTHON_IMAGE.match(image):
+                yield where, f"needs a python:X.Y-... base image to derive from, not {image!r}"
         if cell.runner is not None and cell.runner not in runners:
             yield (*at, "runner"), f"unknown runner {cell.runner!r}; expected one of {runners}"
     if spec.project_tests.cell not in first:
@@ -277,6 +291,7 @@ class IndexUrl(NamedTuple):
 
 class Cell(_CellFields):
     python: str
+    also_pythons: tuple[str, ...] = ()  # Python rows: the wheel tested on these too
     index: IndexUrl
     image: ImageSpec
     tests: TestSelection
@@ -320,6 +335,7 @@ def expand_cells(
             Cell(
                 **cell.model_dump(include=set(_CellFields.model_fields)),
                 python=cell.python or defaults.python,
+                also_pythons=tuple(cell.also_pythons),
                 index=index,
                 image=defaults.image.model_copy(update=image.model_dump(exclude_none=True)),
                 tests=defaults.tests.model_copy(update=tests.model_dump(exclude_none=True)),
@@ -328,6 +344,14 @@ def expand_cells(
             )
         )
     return tuple(cells)
+
+
+def on_python(cell: Cell, python: str) -> Cell:
+    """``cell`` on another Python: its base image python:X.Y-... becomes python:<python>-...;
+    the same torch, tests and runner."""
+    base = PYTHON_IMAGE.sub(f"python:{python}", cell.image.base)
+    image = cell.image.model_copy(update={"base": base})
+    return cell.model_copy(update={"python": python, "image": image, "also_pythons": ()})
 
 
 def pick_cells(cells: Iterable[Cell], names: Iterable[str]) -> tuple[Cell, ...]:

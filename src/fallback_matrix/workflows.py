@@ -15,7 +15,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.scalarstring import LiteralScalarString
 
-from .matrix import Cell, LoadedMatrix, MatrixError, expand_cells
+from .matrix import Cell, LoadedMatrix, MatrixError, expand_cells, on_python
 from .wheelhouse import dependency_groups, wheelhouse_key, wheelhouse_name
 
 DATA: dict[str, Any] = YAML(typ="safe").load(Path(__file__).with_name("workflows.yaml"))
@@ -33,22 +33,21 @@ DUMPER.width = 10_000  # no folded lines
 DUMPER.representer.ignore_aliases = lambda data: True  # a value used twice is written twice
 
 
-class CrossTest(NamedTuple):
-    """The wheel of one build cell tested on the torch of another: the same torch release and
-    Python, the other variant (a CPU-built wheel on CUDA torch, a CUDA-built one on CPU torch)."""
+class WheelTest(NamedTuple):
+    """The wheel of one build cell tested in another environment: a cross test (the same torch
+    release and Python, the other variant: a CPU-built wheel on CUDA torch, and the reverse) or
+    a Python row (the same torch on another Python: the abi3 wheel serves every CPython)."""
 
     source: Cell  # whose wheel
-    target: Cell  # whose torch and tests
-
-    @property
-    def name(self) -> str:
-        return f"cross-{self.source.name}-on-{self.target.name}"
+    target: Cell  # whose torch, Python and tests
+    name: str
+    title: str  # what it proves, in words
 
     @property
     def cell(self) -> Cell:
-        """The target cell as the cross test runs it: named after the test, selecting the
-        target's tests that the source cell selects too (a cell's wheel was tested on its own
-        torch; here it proves itself on the other build)."""
+        """The target cell as the test runs it: named after the test, selecting the target's
+        tests that the source cell selects too (a cell's wheel was tested on its own torch;
+        here it proves itself elsewhere)."""
         target, source = self.target.tests, self.source.tests
         tests = target.model_copy(update={"markers": both(target.markers, source.markers)})
         return self.target.model_copy(update={"name": self.name, "tests": tests})
@@ -62,7 +61,7 @@ def both(first: str, second: str) -> str:
     return " and ".join(dict.fromkeys(terms))
 
 
-def cross_tests(cells: Sequence[Cell]) -> list[CrossTest]:
+def cross_tests(cells: Sequence[Cell]) -> list[WheelTest]:
     """For every cpu and cuda build cell with the same torch release and Python, both
     directions: the cpu cell's wheel on the cuda cell's torch, then the reverse."""
     builds = [cell for cell in cells if not cell.gpu]
@@ -74,7 +73,31 @@ def cross_tests(cells: Sequence[Cell]) -> list[CrossTest]:
         and cuda.python == cpu.python
         and Version(cuda.torch).public == Version(cpu.torch).public
     ]
-    return [cross for cpu, cuda in pairs for cross in (CrossTest(cpu, cuda), CrossTest(cuda, cpu))]
+    return [
+        WheelTest(a, b, f"cross-{a.name}-on-{b.name}", f"wheel of {a.name} on torch of {b.name}")
+        for cpu, cuda in pairs
+        for a, b in ((cpu, cuda), (cuda, cpu))
+    ]
+
+
+def python_tests(cells: Sequence[Cell]) -> list[WheelTest]:
+    """Each build cell's wheel on each of its ``also_pythons``: the same torch, another Python."""
+    return [
+        WheelTest(
+            cell,
+            on_python(cell, python),
+            f"{cell.name}-on-py{python.replace('.', '')}",
+            f"wheel of {cell.name} on Python {python}",
+        )
+        for cell in cells
+        if not cell.gpu
+        for python in cell.also_pythons
+    ]
+
+
+def wheel_tests(cells: Sequence[Cell]) -> list[WheelTest]:
+    """Every derived test of a built wheel: the cross tests, then the Python rows."""
+    return [*cross_tests(cells), *python_tests(cells)]
 
 
 def fill(template: Any, values: Mapping[str, Any]) -> Any:
@@ -119,7 +142,8 @@ def cell_jobs(
     cells: Sequence[Cell], groups: str, *, release: bool, main_only: bool
 ) -> dict[str, Any]:
     """build- jobs, gpu- jobs (each ``gpu: true`` cell tests the wheel of the build cell of the
-    same torch build; none in a release) and cross- jobs; a release restores no cache."""
+    same torch build; none in a release) and the wheel tests (cross jobs, Python rows); a
+    release restores no cache."""
     skip = CACHES if release else ()
     builds = [cell for cell in cells if not cell.gpu]
     jobs = {
@@ -138,10 +162,10 @@ def cell_jobs(
         jobs[f"gpu-{cell.name}"] = job = workflow_job("gpu", values)
         if main_only and "self-hosted" in cell.runner_labels:  # pull requests cannot reach it
             job.yaml_add_eol_comment(DATA["self_hosted_justification"], "runs-on")
-    for cross in cross_tests(cells):
-        values = values_of(cross.target.model_copy(update={"name": cross.name}), groups)
-        values |= {"source": cross.source.name, "target": cross.target.name}
-        jobs[cross.name] = workflow_job("cross", values, skip)
+    for test in wheel_tests(cells):
+        values = values_of(test.target.model_copy(update={"name": test.name}), groups)
+        values |= {"source": test.source.name, "title": test.title}
+        jobs[test.name] = workflow_job("wheel-test", values, skip)
     return jobs
 
 

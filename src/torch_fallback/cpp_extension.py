@@ -8,6 +8,7 @@ Beside ``torch.utils.cpp_extension``: a backend's ``setup.py`` writes
     setup(
         ext_modules=[BackendExtension("my_backend._C", ["csrc/my_backend.cpp"])],
         cmdclass={"build_ext": BuildExtension},
+        options=ABI3_WHEEL_OPTIONS,
     )
 
 and builds with ``pip install --no-build-isolation .`` in the environment where
@@ -28,6 +29,14 @@ the global scope that ``import torch_fallback`` prepares:
 So the backend's Python package must ``import torch_fallback`` before it
 imports its extension; otherwise loading it fails with "undefined symbol".
 
+The extension is built on CPython's stable ABI (``py_limited_api=True``), as
+PyTorch's custom-operator guide does: its functions are operators
+(``TORCH_LIBRARY``, called as ``torch.ops.my_backend.*``) and its module is the
+empty one ``TORCH_FALLBACK_PYTHON_MODULE`` (``<torch_fallback/python_module.h>``)
+defines. With ``options=ABI3_WHEEL_OPTIONS`` the wheel is tagged ``cp310-abi3``:
+one file for every CPython from 3.10 on. A backend that needs pybind11 passes
+``py_limited_api=False`` and builds one wheel per Python.
+
 Importing this module imports torch_fallback, which refuses (ImportError) a
 torch other than the one its wheel was built against: a backend is never
 compiled against a mismatched pair.
@@ -45,7 +54,9 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 from . import get_include
 
-HEADERS = ("api.h", "fallback.h", "cuda.h", "cuda_functions.h")
+HEADERS = ("api.h", "fallback.h", "cuda.h", "cuda_functions.h", "python_module.h")
+# setup(options=...): tag the wheel for CPython's stable ABI from 3.10 on.
+ABI3_WHEEL_OPTIONS = {"bdist_wheel": {"py_limited_api": "cp310"}}
 
 
 def include_dir() -> Path:
@@ -71,13 +82,15 @@ def BackendExtension(
     sources: Sequence[str | PathLike[str]],
     *,
     include_dirs: Iterable[str | PathLike[str]] = (),
+    py_limited_api: bool = True,
     **kwargs: Any,
 ) -> Extension:
     """A ``torch.utils.cpp_extension.CppExtension`` for a backend built on torch-fallback.
 
     ``name`` is the extension's full module name (``"my_backend._C"``), and
     ``sources`` its C++ files. torch-fallback's include directory is added
-    after ``include_dirs``; every other keyword goes to ``CppExtension``
+    after ``include_dirs``; ``py_limited_api`` (stable ABI, no libtorch_python)
+    is on unless turned off; every other keyword goes to ``CppExtension``
     unchanged (``extra_compile_args``, ``define_macros``, ...). Build it with
     ``BuildExtension`` (re-exported here).
     """
@@ -85,8 +98,16 @@ def BackendExtension(
         name,
         [str(source) for source in sources],
         include_dirs=[*(str(path) for path in include_dirs), str(check_headers())],
+        py_limited_api=py_limited_api,
         **kwargs,
     )
 
 
-__all__ = ["HEADERS", "BackendExtension", "BuildExtension", "check_headers", "include_dir"]
+__all__ = [
+    "ABI3_WHEEL_OPTIONS",
+    "HEADERS",
+    "BackendExtension",
+    "BuildExtension",
+    "check_headers",
+    "include_dir",
+]

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from . import settings
-from ._extension import _C
+from ._extension import ops
 from ._loader import mapped_files, read_build_info, release
 
 
@@ -55,7 +55,7 @@ def collect() -> Info:
         cuda_built=torch.backends.cuda.is_built(),
         cuda_available=torch.cuda.is_available(),
         cuda_device_count=torch.cuda.device_count(),
-        cuda_symbols={name: _C.cuda_symbol_provider(name) for name in _C.cuda_symbol_names()},
+        cuda_symbols={name: ops.cuda_symbol_provider(name) for name in ops.cuda_symbol_names()},
         cuda_stub_loaded=cuda_stub_loaded(),
         built_torch_version=built["torch_version"],
         built_cuda_version=built["cuda_version"],

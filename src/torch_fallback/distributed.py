@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ._extension import _C
+from ._extension import ops
 
 __all__ = ["backend_name", "register"]
 
@@ -44,22 +44,38 @@ def register(device: str) -> str | None:
         for engine in (host, cuda):
             if engine is not None:  # as c10d does for the groups it makes itself
                 engine._set_sequence_number_for_group()
-        rank, size = options.group_rank, options.group_size
-        backend = _C.HomeBackend(device, rank, size, name, host, cuda)
         # A whole process group, not only a backend: init_process_group() with no backend
         # would otherwise make gloo the group's default backend, which DDP asks for by type
         # and this group has none of. It serves CPU tensors too (gloo), whatever was named.
-        group = dist.ProcessGroup(options.store, rank, size)
-        custom = dist.ProcessGroup.BackendType.CUSTOM
-        for served in (device, "cpu"):
-            group._register_backend(torch.device(served), custom, backend)
-        group._set_default_backend(custom)
+        group = dist.ProcessGroup(options.store, options.group_rank, options.group_size)
+        ops.serve_home(
+            group.boxed(),
+            device,
+            name,
+            _carrier(options, host, "cpu", dist.ProcessGroup.BackendType.GLOO),
+            _carrier(options, cuda, "cuda", dist.ProcessGroup.BackendType.NCCL),
+        )
         return group
 
     # CPU tensors too (on gloo), so init_process_group(name) serves both, as "nccl" does
     # CUDA's; with no backend named, init_process_group() takes it for the device.
     dist.Backend.register_backend(name, create, extended_api=True, devices=[device, "cpu"])
     return name
+
+
+def _carrier(
+    options: dist.distributed_c10d._DistributedBackendOptions,
+    engine: object | None,
+    device: str,
+    kind: dist.ProcessGroup.BackendType,
+) -> object | None:
+    """A process group holding only ``engine``: the form in which a c10d backend
+    crosses torch.ops (as a TorchBind object) to the library."""
+    if engine is None:
+        return None
+    carrier = dist.ProcessGroup(options.store, options.group_rank, options.group_size)
+    carrier._register_backend(torch.device(device), kind, engine)
+    return carrier.boxed()
 
 
 def _host_engine(options: dist.distributed_c10d._DistributedBackendOptions) -> object | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._extension import _C
+from ._extension import ops
 
 
 @dataclass(frozen=True)
@@ -24,11 +24,17 @@ class OpMetrics:
 
 def metrics() -> dict[str, OpMetrics]:
     """A snapshot, keyed by op name ("aten::add.Tensor")."""
-    return {op: OpMetrics(**values) for op, values in _C.metrics().items()}
+    names, values = ops.metrics()  # values: per op, one value per field, in field order
+    fields = ops.metrics_fields()
+    rows = [values[start : start + len(fields)] for start in range(0, len(values), len(fields))]
+    return {
+        op: OpMetrics(**dict(zip(fields, row, strict=True)))
+        for op, row in zip(names, rows, strict=True)
+    }
 
 
 def reset_metrics() -> None:
-    _C.reset_metrics()
+    ops.reset_metrics()
 
 
 def metrics_report(snapshot: dict[str, OpMetrics] | None = None) -> str:

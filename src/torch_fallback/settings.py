@@ -11,7 +11,7 @@ import contextlib
 import os
 from collections.abc import Iterable, Mapping
 
-from ._extension import _C
+from ._extension import ops
 from ._scoped import scoped
 
 TARGETS = ("cpu", "cuda", "auto")
@@ -19,7 +19,7 @@ CUDA_SYNC_MODES = ("stream", "device")
 
 
 def get_target() -> str:
-    return _C.get_target()
+    return ops.get_target()
 
 
 def set_target(name: str) -> None:
@@ -28,7 +28,7 @@ def set_target(name: str) -> None:
     auto picks CUDA when PyTorch was built with CUDA, a GPU is visible and the
     op has a CUDA kernel, and the CPU otherwise.
     """
-    _C.set_target(name)
+    ops.set_target(name)
 
 
 def target(name: str) -> contextlib.AbstractContextManager[None]:
@@ -37,22 +37,22 @@ def target(name: str) -> contextlib.AbstractContextManager[None]:
 
 
 def get_cpu_ops() -> list[str]:
-    return _C.get_cpu_ops()
+    return ops.get_cpu_ops()
 
 
 def set_cpu_ops(names: Iterable[str]) -> None:
     """Ops that always run on the CPU target: "aten::op" or "aten::op.overload"."""
-    _C.set_cpu_ops(list(names))
+    ops.set_cpu_ops(list(names))
 
 
 def get_cuda_sync() -> str:
-    return _C.get_cuda_sync()
+    return ops.get_cuda_sync()
 
 
 def set_cuda_sync(mode: str) -> None:
     """ "stream": CUDA fallback results are used in the order of the current
     stream (default). "device": a full device synchronize after each op."""
-    _C.set_cuda_sync(mode)
+    ops.set_cuda_sync(mode)
 
 
 def apply_environment(environ: Mapping[str, str] = os.environ) -> None:

@@ -39,6 +39,15 @@ def test_backend_extension_adds_the_include_dir_after_the_backends_own():
     assert any(Path(path, "torch", "library.h").is_file() for path in extension.include_dirs)
     assert "c10" in extension.libraries
     assert not any("cuda" in library for library in extension.libraries)
+    # The stable ABI by default: no libtorch_python, whose API is CPython's full one.
+    assert extension.py_limited_api
+    assert "torch_python" not in extension.libraries
+
+
+def test_a_backend_that_needs_pybind11_can_leave_the_stable_abi():
+    extension = BackendExtension("my_backend._C", ["csrc/my_backend.cpp"], py_limited_api=False)
+    assert not extension.py_limited_api
+    assert "torch_python" in extension.libraries
 
 
 def test_missing_headers_are_a_clear_error(tmp_path):

@@ -12,7 +12,8 @@ import torch
 from elftools.elf.elffile import ELFFile
 
 import torch_fallback
-from torch_fallback import _C, diagnostics
+from torch_fallback import diagnostics
+from torch_fallback._extension import ops
 from torch_fallback._loader import check_torch_version, mapped_files
 
 PACKAGE_DIR = Path(torch_fallback.__file__).parent
@@ -42,7 +43,7 @@ def test_stub_defines_every_c10_cuda_symbol_that_C_leaves_undefined():
     needed = {name for name in undefined if name.startswith(C10_CUDA_PREFIX)}
     _, stub_defines = dynamic_symbols(shared_object("_C_cuda_functions"))
     assert needed, "_C calls no c10::cuda function: the stub would have nothing to stand in for"
-    assert needed == set(_C.cuda_symbol_names())
+    assert needed == set(ops.cuda_symbol_names())
     assert needed <= stub_defines, f"stub lacks {sorted(needed - stub_defines)}"
 
 
@@ -51,13 +52,13 @@ def test_set_device_mangling_matches_the_torch_built_against():
     expected = (
         "_ZN3c104cuda10set_deviceEab" if (major, minor) >= (2, 8) else "_ZN3c104cuda10set_deviceEa"
     )
-    assert expected in _C.cuda_symbol_names()
+    assert expected in ops.cuda_symbol_names()
 
 
 @pytest.mark.cpu_wheel
 def test_cpu_wheel_resolves_c10_cuda_to_the_stub():
-    for name in _C.cuda_symbol_names():
-        assert Path(_C.cuda_symbol_provider(name)).name.startswith("_C_cuda_functions"), name
+    for name in ops.cuda_symbol_names():
+        assert Path(ops.cuda_symbol_provider(name)).name.startswith("_C_cuda_functions"), name
     assert diagnostics.cuda_stub_loaded()
 
 
@@ -66,13 +67,13 @@ def test_cpu_wheel_stub_raises_its_clear_error():
     with pytest.raises(
         RuntimeError, match="built without CUDA, so the CUDA fallback target cannot run"
     ):
-        _C.cuda_current_device_unchecked()
+        ops.cuda_current_device_unchecked()
 
 
 @pytest.mark.cuda_wheel
 def test_cuda_wheel_resolves_c10_cuda_to_libc10_cuda_and_never_loads_the_stub():
-    for name in _C.cuda_symbol_names():
-        assert Path(_C.cuda_symbol_provider(name)).name == "libc10_cuda.so", name
+    for name in ops.cuda_symbol_names():
+        assert Path(ops.cuda_symbol_provider(name)).name == "libc10_cuda.so", name
     assert not diagnostics.cuda_stub_loaded()
     assert not any("_C_cuda_functions" in path.name for path in mapped_files())
 
@@ -82,7 +83,7 @@ def test_cuda_wheel_without_gpu_names_the_missing_gpu():
     if torch.cuda.device_count() > 0:
         pytest.skip("a GPU is visible here; this test is about a CUDA build without one")
     with pytest.raises(RuntimeError, match="no GPU is visible") as error:
-        _C.cuda_current_device()
+        ops.cuda_current_device()
     assert "driver version is insufficient" not in str(error.value)
 
 

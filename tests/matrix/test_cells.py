@@ -11,10 +11,13 @@ import pytest
 from fallback_matrix.matrix import (
     MatrixError,
     MatrixFile,
+    MatrixFileError,
     expand_cells,
+    load_matrix,
     parse_index_override,
     pick_cells,
 )
+from fallback_matrix.workflows import python_tests
 
 
 def expand(data: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
@@ -129,3 +132,44 @@ def test_nox_s_tests_runs_the_tooling_tests_its_markers_select(
     selected, everything = commands
     assert selected[-2:] == ["-m", "not slow"]
     assert everything[-2] != "-m" and "not slow" not in everything
+
+
+def test_python_rows_test_the_cells_one_wheel_on_each_other_python(
+    matrix_data: dict[str, Any],
+) -> None:
+    cuda = next(cell for cell in matrix_data["cells"] if cell["name"] == "cuda")
+    cuda["also_pythons"] = ["3.10", "3.13"]
+    cells = expand(matrix_data)
+    rows = {test.name: test for test in python_tests(list(cells.values()))}
+    assert list(rows) == ["cuda-on-py310", "cuda-on-py313"]
+    row = rows["cuda-on-py313"]
+    assert row.source is cells["cuda"]  # whose wheel
+    assert row.cell.python == "3.13"
+    assert row.cell.image.base == "python:3.13-slim-bookworm"
+    assert row.cell.torch == cells["cuda"].torch and row.cell.variant == "cuda"
+    assert row.cell.name == "cuda-on-py313"
+    assert row.title == "wheel of cuda on Python 3.13"
+
+
+@pytest.mark.parametrize(
+    ("cell_update", "message"),
+    [
+        ({"also_pythons": ["3.11"]}, "Python 3.11 is listed twice"),
+        ({"also_pythons": ["3.12", "3.12"]}, "Python 3.12 is listed twice"),
+        ({"also_pythons": [3.12]}, "quote it"),
+        ({"image": {"base": "debian:bookworm-slim"}, "also_pythons": ["3.12"]}, "python:X.Y"),
+        ({"gpu": True, "also_pythons": ["3.12"]}, "list Pythons there"),
+    ],
+)
+def test_bad_python_rows_are_located_errors(
+    write_matrix: Callable[[Any], Path],
+    matrix_data: dict[str, Any],
+    cell_update: dict[str, Any],
+    message: str,
+) -> None:
+    cuda = next(cell for cell in matrix_data["cells"] if cell["name"] == "cuda")
+    cuda.update(cell_update)
+    with pytest.raises(MatrixFileError) as caught:
+        load_matrix(write_matrix(matrix_data))
+    assert "cells[1].also_pythons" in str(caught.value)
+    assert message in str(caught.value)

@@ -306,16 +306,18 @@ def test_repair_excludes_torchs_own_libraries_and_keeps_the_manylinux_wheel(
         commands.append([str(part) for part in command])
         out = Path(commands[-1][commands[-1].index("--wheel-dir") + 1])
         out.mkdir(parents=True)
-        (out / "torch_fallback-0.1.0-cp311-cp311-manylinux_2_34_x86_64.whl").write_bytes(b"")
+        (out / "torch_fallback-0.1.0-cp310-abi3-manylinux_2_34_x86_64.whl").write_bytes(b"")
 
     def fake_show(command: Any, **kwargs: Any) -> Any:
+        if "abi3audit" in [str(part) for part in command]:
+            return subprocess.CompletedProcess(command, 0, "no ABI violations found", "")
         return subprocess.CompletedProcess(command, 0, "is consistent with manylinux_2_34", "")
 
     import subprocess
 
     monkeypatch.setattr(job_module, "must_run", fake_must_run)
     monkeypatch.setattr(job_module.subprocess, "run", fake_show)
-    built = tmp_path / "torch_fallback-0.1.0-cp311-cp311-linux_x86_64.whl"
+    built = tmp_path / "torch_fallback-0.1.0-cp310-abi3-linux_x86_64.whl"
     wheel, shown = job_module.repair_wheel(
         job, built, ["libtorch_cpu.so", "libgomp-a34b3233.so.1"], {}
     )
@@ -325,6 +327,30 @@ def test_repair_excludes_torchs_own_libraries_and_keeps_the_manylinux_wheel(
     assert command[-1] == str(built)
     assert wheel.name.endswith("-manylinux_2_34_x86_64.whl")
     assert "manylinux_2_34" in shown and "manylinux_2_34" in capsys.readouterr().out
+    assert "abi3audit --strict" in shown and "no ABI violations found" in shown
+
+
+@pytest.mark.parametrize(
+    ("name", "audit_status", "message"),
+    [
+        ("torch_fallback-0.1.0-cp311-cp311-manylinux_2_34_x86_64.whl", 0, "is not tagged abi3"),
+        ("torch_fallback-0.1.0-cp310-abi3-manylinux_2_34_x86_64.whl", 1, "outside the stable ABI"),
+    ],
+)
+def test_a_wheel_off_the_stable_abi_fails_the_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, audit_status: int, message: str
+) -> None:
+    job = job_for(tmp_path, [])
+    audited: list[str] = []
+
+    def fake_audit(command: Any, **kwargs: Any) -> Any:
+        audited.append(str(command[-1]))
+        return subprocess.CompletedProcess(command, audit_status, "", "PyObject_GetBuffer: 3.11+")
+
+    monkeypatch.setattr(job_module.subprocess, "run", fake_audit)
+    with pytest.raises(job_module.StepFailed, match=message):
+        job_module.audit_stable_abi(job, tmp_path / name, {})
+    assert audited == ([] if "cp311" in name else [str(tmp_path / name)])
 
 
 def test_a_missing_example_fails_the_step_saying_what_to_do(tmp_path: Path) -> None:

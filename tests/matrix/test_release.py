@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +72,7 @@ def test_dist_command_reads_the_tag_from_github(
 ) -> None:
     matrix = write_matrix(matrix_data)
     put(tmp_path / "artifacts", "cuda", PLAIN)
+    monkeypatch.setattr(cli, "build_sdist", fake_sdist("0.1.0"))
     args = ["--matrix", str(matrix), "dist", "cuda", "--artifacts", str(tmp_path / "artifacts")]
     args += ["--out", str(tmp_path / "dist")]
     monkeypatch.setenv("GITHUB_REF_NAME", "v0.9.0")
@@ -75,6 +80,63 @@ def test_dist_command_reads_the_tag_from_github(
     monkeypatch.setenv("GITHUB_REF_NAME", "v0.1.0")
     assert cli.main(args) == cli.EXIT_OK
     assert (tmp_path / "dist" / PLAIN).is_file()
+    assert (tmp_path / "dist" / "torch_fallback-0.1.0.tar.gz").is_file()
+
+
+def fake_sdist(version: str) -> Any:
+    def build(root: Path, out: Path, log: Any) -> Path:
+        out.mkdir(parents=True, exist_ok=True)
+        sdist = out / f"torch_fallback-{version}.tar.gz"
+        sdist.write_bytes(b"sdist")
+        return sdist
+
+    return build
+
+
+def test_an_sdist_of_another_version_than_the_tag_is_not_published(
+    tmp_path: Path, write_matrix: Any, matrix_data: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    put(tmp_path / "artifacts", "cuda", PLAIN)
+    monkeypatch.setattr(cli, "build_sdist", fake_sdist("0.2.0"))
+    args = ["--matrix", str(write_matrix(matrix_data)), "dist", "cuda", "--tag", "v0.1.0"]
+    args += ["--artifacts", str(tmp_path / "artifacts"), "--out", str(tmp_path / "dist")]
+    assert cli.main(args) == cli.EXIT_USAGE
+
+
+def test_a_wheel_built_without_torch_stops_at_once_saying_what_to_do(
+    repo_root: Path, tmp_path: Path
+) -> None:
+    # pip's build isolation hides the installed torch: setup.py must say so before compiling
+    hidden = tmp_path / "hidden" / "torch"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError(\"No module named 'torch'\")\n")
+    env = {**os.environ, "PYTHONPATH": str(hidden.parent)}
+    command = [sys.executable, "setup.py", "bdist_wheel"]
+    done = subprocess.run(command, cwd=repo_root, env=env, capture_output=True, text=True)
+    assert done.returncode != 0
+    assert "pip install --no-build-isolation torch-fallback" in done.stderr
+    assert "building" not in done.stdout  # nothing was compiled
+
+
+@pytest.mark.slow
+def test_the_sdist_holds_the_sources_and_builds_without_torch(
+    repo_root: Path, tmp_path: Path, reporter: Any
+) -> None:
+    sdist = cli.build_sdist(repo_root, tmp_path, reporter)
+    with tarfile.open(sdist) as archive:
+        names = {
+            Path(name).relative_to(sdist.name.removesuffix(".tar.gz")).as_posix()
+            for name in archive.getnames()
+        }
+    for required in (
+        "setup.py",
+        "pyproject.toml",
+        "src/torch_fallback/csrc/fallback.cpp",
+        "src/torch_fallback/relay/csrc/relay.h",
+        "src/torch_fallback/include/torch_fallback/python_module.h",
+    ):
+        assert required in names, required
+    assert not [name for name in names if name.endswith(".so")]
 
 
 def test_a_cell_without_its_wheel_says_to_build_it(

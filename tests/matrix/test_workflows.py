@@ -385,7 +385,7 @@ def test_an_unknown_cross_test_names_the_ones_there_are(
     matrix = write_matrix(_cross_matrix(matrix_data))
     assert cli.main(["--matrix", str(matrix), "cross", "cross-cpu-on-cuda"]) == 2
     error = capsys.readouterr().out
-    assert "no cross test 'cross-cpu-on-cuda' in matrix.yaml" in error
+    assert "no wheel test 'cross-cpu-on-cuda' in matrix.yaml" in error
     assert "cross-cpu-same-on-cuda, cross-cuda-on-cpu-same" in error
 
 
@@ -542,8 +542,9 @@ def test_release_builds_tests_and_publishes_with_trusted_publishing(
     release = committed["release.yml"]
     assert release.get("on", release.get(True)) == {"push": {"tags": ["v*"]}}
     jobs = release["jobs"]
-    builds = {job_id for job_id in jobs if job_id.startswith(("build-", "cross-"))}
+    builds = {job_id for job_id in jobs if job_id not in ("dist", "publish")}
     assert {"build-cpu", "build-cuda", "build-oldest", "build-newest"} <= builds
+    assert {"cross-cuda-213-on-cpu", "cuda-on-py310", "cuda-on-py313"} <= builds
     assert set(jobs["dist"]["needs"]) == builds  # every wheel built and tested first
     assert "nox -s dist -- cuda" in [s.get("run") for s in jobs["dist"]["steps"]]
     publish = jobs["publish"]

@@ -1,30 +1,27 @@
-// tinydev._C: tinydev's Python face, and its own calls into c10::cuda.
+// tinydev._C's Python face (operators in torch.ops.tinydev, and an empty module
+// on the CPython stable ABI), and its own calls into c10::cuda.
 //
 // tinydev links no CUDA library and declares the c10::cuda functions through
 // <torch_fallback/cuda_functions.h>, leaving them undefined. The dynamic
 // loader binds them when this extension is imported, after `import
 // torch_fallback`: to libc10_cuda.so on a CUDA build of PyTorch, to
-// torch-fallback's stub library on a CPU-only build. This file includes no
-// ATen header, so it compiles in seconds.
+// torch-fallback's stub library on a CPU-only build.
 #include <dlfcn.h>
 
-#include <pybind11/pybind11.h>
-#include <pybind11/stl.h>
+#include <torch/library.h>
 
 #include <torch_fallback/cuda_functions.h>
+#include <torch_fallback/python_module.h>
 
-#include <map>
 #include <string>
 
 #include "tinydev.h"
-
-namespace py = pybind11;
 
 namespace {
 
 // The addresses are taken in this extension, so they are what its own calls
 // are bound to, whichever shared object won symbol resolution.
-std::map<std::string, std::string> cuda_symbol_providers() {
+c10::Dict<std::string, std::string> cuda_symbol_providers() {
 #if TORCH_FALLBACK_SET_DEVICE_HAS_FORCE
   using SetDevice = void (*)(c10::DeviceIndex, bool);
 #else
@@ -35,25 +32,26 @@ std::map<std::string, std::string> cuda_symbol_providers() {
       reinterpret_cast<void*>(static_cast<SetDevice>(&c10::cuda::set_device)),
       reinterpret_cast<void*>(&c10::cuda::device_synchronize),
   };
-  std::map<std::string, std::string> providers;
+  c10::Dict<std::string, std::string> providers;
   for (const void* address : addresses) {
     Dl_info info{};
     if (dladdr(address, &info) == 0 || info.dli_fname == nullptr || info.dli_sname == nullptr) {
       throw std::runtime_error("tinydev: dladdr found no shared object defining a c10::cuda symbol");
     }
-    providers[info.dli_sname] = info.dli_fname;
+    providers.insert_or_assign(info.dli_sname, info.dli_fname);
   }
   return providers;
 }
 
 }  // namespace
 
-PYBIND11_MODULE(_C, m) {
-  m.doc() = "tinydev: a PrivateUse1 device whose unimplemented ops run through torch-fallback";
-  m.def("live_allocations", &tinydev::live_allocations,
-        "Storages tinydev's allocator made that are still alive.");
-  m.def("cuda_current_device", [] { return static_cast<int>(c10::cuda::current_device()); },
-        "c10::cuda::current_device(), unchecked: on a CPU-only PyTorch, the stub's error.");
-  m.def("cuda_symbol_providers", &cuda_symbol_providers,
-        "{mangled c10::cuda symbol: shared object defining it}, as bound for this extension.");
+TORCH_LIBRARY(tinydev, m) {
+  // Storages tinydev's allocator made that are still alive.
+  m.def("live_allocations", []() { return static_cast<int64_t>(tinydev::live_allocations()); });
+  // c10::cuda::current_device(), unchecked: on a CPU-only PyTorch, the stub's error.
+  m.def("cuda_current_device", []() { return static_cast<int64_t>(c10::cuda::current_device()); });
+  // {mangled c10::cuda symbol: shared object defining it}, as bound for this extension.
+  m.def("cuda_symbol_providers", &cuda_symbol_providers);
 }
+
+TORCH_FALLBACK_PYTHON_MODULE(_C, "tinydev: a PrivateUse1 device whose unimplemented ops run through torch-fallback")

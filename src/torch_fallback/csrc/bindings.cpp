@@ -1,93 +1,78 @@
-// torch_fallback._C: the Python face of the extension. Tensor-free on purpose:
-// pybind11 and standard types only, so this translation unit stays cheap.
-#include <pybind11/pybind11.h>
-#include <pybind11/stl.h>
-
-#include <c10/util/Exception.h>
+// torch_fallback._C's Python face: operators in torch.ops.torch_fallback, and an
+// empty module built on the CPython stable ABI (one wheel for every Python).
+// Tensor-free on purpose, so that this translation unit stays cheap.
+#include <torch/library.h>
 #include <torch/version.h>
 
 #include <torch_fallback/cuda.h>
 #include <torch_fallback/cuda_functions.h>
+#include <torch_fallback/python_module.h>
 
 #include "distributed.h"
 #include "metrics.h"
 #include "settings.h"
 
-namespace py = pybind11;
 namespace tf = torch_fallback;
 
 #ifndef TORCH_FALLBACK_BUILT_TORCH
 #error "setup.py passes TORCH_FALLBACK_BUILT_TORCH (torch.__version__ at build time)"
 #endif
-#ifndef TORCH_FALLBACK_BUILT_CUDA
-#error "setup.py passes TORCH_FALLBACK_BUILT_CUDA (torch.version.cuda at build time, or empty)"
-#endif
 
 namespace {
 
-void translate_c10_errors() {
-  py::register_exception_translator([](std::exception_ptr error) {
-    try {
-      if (error) std::rethrow_exception(error);
-    } catch (const c10::ValueError& e) {
-      PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
-    } catch (const c10::IndexError& e) {
-      PyErr_SetString(PyExc_IndexError, e.what_without_backtrace());
-    } catch (const c10::NotImplementedError& e) {
-      PyErr_SetString(PyExc_NotImplementedError, e.what_without_backtrace());
-    } catch (const c10::Error& e) {
-      PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+// The counters of every op with a call, as parallel lists: op names, and per op
+// the values of metrics_fields() in that order.
+std::tuple<std::vector<std::string>, std::vector<int64_t>> metrics_snapshot() {
+  std::vector<std::string> ops;
+  std::vector<int64_t> values;
+  for (const auto& [op, stats] : tf::metrics::snapshot()) {
+    ops.push_back(op);
+    for (uint64_t value : {stats.calls_cpu, stats.calls_cuda, stats.errors, stats.time_ns,
+                           stats.bytes_to_target, stats.bytes_from_target, stats.calls_unboxed}) {
+      values.push_back(static_cast<int64_t>(value));
     }
-  });
+  }
+  return {std::move(ops), std::move(values)};
 }
 
-py::dict metrics_snapshot() {
-  py::dict result;
-  for (const auto& [op, stats] : tf::metrics::snapshot()) {
-    py::dict entry;
-    entry["calls_cpu"] = stats.calls_cpu;
-    entry["calls_cuda"] = stats.calls_cuda;
-    entry["errors"] = stats.errors;
-    entry["time_ns"] = stats.time_ns;
-    entry["bytes_to_target"] = stats.bytes_to_target;
-    entry["bytes_from_target"] = stats.bytes_from_target;
-    entry["calls_unboxed"] = stats.calls_unboxed;
-    result[py::str(op)] = entry;
-  }
-  return result;
+std::vector<std::string> metrics_fields() {
+  return {"calls_cpu",       "calls_cuda",        "errors",       "time_ns",
+          "bytes_to_target", "bytes_from_target", "calls_unboxed"};
 }
 
 }  // namespace
 
-PYBIND11_MODULE(_C, m) {
-  m.doc() = "torch-fallback: a generalized boxed fallback for out-of-tree backends";
-  translate_c10_errors();
-  torch_fallback::distributed::bind(m);
+TORCH_LIBRARY(torch_fallback, m) {
+  m.def("built_torch_version", []() -> std::string { return TORCH_FALLBACK_BUILT_TORCH; });
+  m.def("set_device_has_force",
+        []() { return static_cast<bool>(TORCH_FALLBACK_SET_DEVICE_HAS_FORCE); });
 
-  m.attr("built_torch_version") = TORCH_FALLBACK_BUILT_TORCH;
-  m.attr("built_cuda_version") = TORCH_FALLBACK_BUILT_CUDA;
-  m.attr("set_device_has_force") = static_cast<bool>(TORCH_FALLBACK_SET_DEVICE_HAS_FORCE);
-
-  m.def("cuda_built", &tf::cuda::built, "Whether libc10_cuda.so is loaded (torch built with CUDA).");
-  m.def("cuda_device_count", [] { return static_cast<int>(tf::cuda::device_count()); });
-  m.def("cuda_current_device", [] { return static_cast<int>(tf::cuda::current_device()); },
-        "c10::cuda::current_device(), after checking that CUDA and a GPU are there.");
-  m.def("cuda_set_device", [](int index) { tf::cuda::set_device(static_cast<c10::DeviceIndex>(index)); });
+  m.def("cuda_built", &tf::cuda::built);
+  m.def("cuda_device_count", []() { return static_cast<int64_t>(tf::cuda::device_count()); });
+  m.def("cuda_current_device", []() { return static_cast<int64_t>(tf::cuda::current_device()); });
+  m.def("cuda_set_device",
+        [](int64_t index) { tf::cuda::set_device(static_cast<c10::DeviceIndex>(index)); });
   m.def("cuda_device_synchronize", &tf::cuda::device_synchronize);
-  m.def("cuda_current_device_unchecked", [] { return static_cast<int>(tf::cuda::current_device_unchecked()); },
-        "c10::cuda::current_device() with no checks: reaches the stub on a CPU-only PyTorch.");
+  // c10::cuda::current_device() with no checks: reaches the stub on a CPU-only PyTorch.
+  m.def("cuda_current_device_unchecked",
+        []() { return static_cast<int64_t>(tf::cuda::current_device_unchecked()); });
   m.def("cuda_symbol_names", &tf::cuda::symbol_names);
-  m.def("cuda_symbol_provider", &tf::cuda::symbol_provider, py::arg("symbol"),
-        "Path of the shared object that defines the given c10::cuda symbol for _C.");
+  // Path of the shared object that defines the given c10::cuda symbol for _C.
+  m.def("cuda_symbol_provider", &tf::cuda::symbol_provider);
 
   m.def("set_target", [](const std::string& name) { tf::set_target(tf::parse_target(name)); });
-  m.def("get_target", [] { return tf::target_name(tf::target()); });
-  m.def("set_cuda_sync", [](const std::string& name) { tf::set_cuda_sync(tf::parse_cuda_sync(name)); });
-  m.def("get_cuda_sync", [] { return tf::cuda_sync_name(tf::cuda_sync()); });
+  m.def("get_target", []() { return tf::target_name(tf::target()); });
+  m.def("set_cuda_sync",
+        [](const std::string& name) { tf::set_cuda_sync(tf::parse_cuda_sync(name)); });
+  m.def("get_cuda_sync", []() { return tf::cuda_sync_name(tf::cuda_sync()); });
   m.def("set_cpu_ops", &tf::set_cpu_ops);
   m.def("get_cpu_ops", &tf::cpu_ops);
 
+  m.def("metrics_fields", &metrics_fields);
   m.def("metrics", &metrics_snapshot);
   m.def("reset_metrics", &tf::metrics::reset);
 
+  tf::distributed::define_ops(m);
 }
+
+TORCH_FALLBACK_PYTHON_MODULE(_C, "torch-fallback's library; its Python face is torch.ops.torch_fallback")

@@ -2,12 +2,11 @@
 // only CUDA builds of PyTorch define (in libc10_cuda.so). torch_fallback loads
 // this library with RTLD_GLOBAL before _C, and only when PyTorch was built
 // without CUDA, so that _C imports on a CPU-only wheel. Each stand-in raises.
-#include <Python.h>
-
 #include <stdexcept>
 #include <string>
 
 #include <torch_fallback/cuda_functions.h>
+#include <torch_fallback/python_module.h>
 
 namespace {
 
@@ -36,12 +35,5 @@ void device_synchronize() { unavailable("device_synchronize"); }
 
 }  // namespace c10::cuda
 
-static PyModuleDef stub_module = {
-    PyModuleDef_HEAD_INIT,
-    "_C_cuda_functions",
-    "Stand-ins for c10::cuda functions on PyTorch builds without CUDA.",
-    -1,
-    nullptr,
-};
-
-PyMODINIT_FUNC PyInit__C_cuda_functions() { return PyModule_Create(&stub_module); }
+TORCH_FALLBACK_PYTHON_MODULE(_C_cuda_functions,
+                              "Stand-ins for c10::cuda functions on PyTorch builds without CUDA.")

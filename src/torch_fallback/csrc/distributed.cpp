@@ -9,8 +9,9 @@
 #include "distributed.h"
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
-#include <torch/csrc/utils/pybind.h>
+#include <torch/library.h>
 
 #include <torch_fallback/fallback.h>
 
@@ -419,58 +420,31 @@ void HomeBackend::shutdown() {
   if (cuda_engine_) cuda_engine_->shutdown();
 }
 
-// The holder of HomeBackend's Python object: it releases the GIL while the backend
-// (and so its engines) is destroyed, as torch's own c10d bindings do. Destroying
-// ProcessGroupGloo joins its worker threads, whose last works may drop tensors
-// that need the GIL: holding it there deadlocks.
-template <typename T>
-class NoGilHolder {
- public:
-  NoGilHolder() = default;
-  NoGilHolder(c10::intrusive_ptr<T> impl) : impl_(std::move(impl)) {}  // NOLINT: implicit
-  // pybind11 constructs holders from a new object's pointer (pybind/pybind11#2957).
-  explicit NoGilHolder(T* impl) : impl_(c10::intrusive_ptr<T>::unsafe_steal_from_new(impl)) {}
-  NoGilHolder(const NoGilHolder&) = default;
-  NoGilHolder(NoGilHolder&&) noexcept = default;
-  NoGilHolder& operator=(const NoGilHolder&) = default;
-  NoGilHolder& operator=(NoGilHolder&&) noexcept = default;
-  ~NoGilHolder() {
-    if (!impl_) return;
-    if (PyGILState_Check()) {
-      pybind11::gil_scoped_release release;
-      impl_.reset();
-    } else {
-      impl_.reset();
-    }
+// torch.ops.torch_fallback.serve_home(group, device_type, name, host, cuda):
+// makes `group` run the collectives of `device_type` and of CPU tensors on a
+// HomeBackend, and makes that its default backend. The engines come as process
+// groups that carry them (ProcessGroupGloo for CPU, ProcessGroupNCCL for CUDA):
+// a process group crosses torch.ops as a TorchBind object, a c10d Backend does not.
+void serve_home(const c10::intrusive_ptr<c10d::ProcessGroup>& group, const std::string& device_type,
+                const std::string& name,
+                const std::optional<c10::intrusive_ptr<c10d::ProcessGroup>>& host_carrier,
+                const std::optional<c10::intrusive_ptr<c10d::ProcessGroup>>& cuda_carrier) {
+  auto engine = [](const std::optional<c10::intrusive_ptr<c10d::ProcessGroup>>& carrier,
+                   c10::DeviceType type) -> c10::intrusive_ptr<c10d::Backend> {
+    if (!carrier || !(*carrier)->hasBackendForDeviceType(type)) return nullptr;
+    return (*carrier)->getBackend(type);
+  };
+  auto backend = c10::make_intrusive<HomeBackend>(
+      c10::Device(device_type).type(), static_cast<int>(group->getRank()),
+      static_cast<int>(group->getSize()), name, engine(host_carrier, c10::DeviceType::CPU),
+      engine(cuda_carrier, c10::DeviceType::CUDA));
+  const auto custom = c10d::ProcessGroup::BackendType::CUSTOM;
+  for (c10::DeviceType served : {c10::Device(device_type).type(), c10::DeviceType::CPU}) {
+    group->setBackend(served, custom, backend);
   }
-  T* get() const noexcept { return impl_.get(); }
-
- private:
-  c10::intrusive_ptr<T> impl_;
-};
-
-}  // namespace torch_fallback::distributed
-
-PYBIND11_DECLARE_HOLDER_TYPE(T, torch_fallback::distributed::NoGilHolder<T>, true)
-
-namespace torch_fallback::distributed {
-
-void bind(pybind11::module_& m) {
-  namespace py = pybind11;
-  py::class_<HomeBackend, c10d::Backend, NoGilHolder<HomeBackend>>(
-      m, "HomeBackend",
-      "A c10d backend running each collective on the engine of its tensors' home.")
-      .def(py::init([](const std::string& device_type, int rank, int size,
-                       const std::string& name,
-                       const std::optional<c10::intrusive_ptr<c10d::Backend>>& host_engine,
-                       const std::optional<c10::intrusive_ptr<c10d::Backend>>& cuda_engine) {
-             return NoGilHolder<HomeBackend>(c10::make_intrusive<HomeBackend>(
-                 c10::Device(device_type).type(), rank, size, name,
-                 host_engine.value_or(nullptr), cuda_engine.value_or(nullptr)));
-           }),
-           py::arg("device_type"), py::arg("rank"), py::arg("size"), py::arg("name"),
-           py::arg("host_engine"), py::arg("cuda_engine"),
-           py::call_guard<py::gil_scoped_release>());
+  group->setDefaultBackend(custom);
 }
+
+void define_ops(torch::Library& m) { m.def("serve_home", &serve_home); }
 
 }  // namespace torch_fallback::distributed

@@ -21,9 +21,10 @@ import torch_fallback  # the library relay's extension resolves its fallback fro
 from torch_fallback import distributed as _distributed
 
 from .._scoped import scoped
-from . import _C, _cuda_autograd, _inductor, _streams
+from . import _C, _cuda_autograd, _inductor, _streams  # noqa: F401  (_C: torch.ops.relay)
 
 NAME = "relay"
+_ops = torch.ops.relay
 HOMES = ("cpu", "cuda")
 
 # The stream API of a device module, for code that drives copies through it (FSDP2).
@@ -52,17 +53,17 @@ def _is_in_bad_fork() -> bool:
 
 def device_count() -> int:
     """relay:i keeps its GPU memory on cuda:i: one device per visible GPU, at least one."""
-    return _C.device_count()
+    return _ops.device_count()
 
 
 def current_device() -> int:
-    return _C.current_device()
+    return _ops.current_device()
 
 
 def set_device(device: DeviceLike) -> None:
     """Make `device` current, and with a GPU visible the GPU of the same index (relay:N
     keeps its GPU memory on cuda:N); an index that does not exist is an IndexError."""
-    _C.set_device(_index(device))
+    _ops.set_device(_index(device))
 
 
 class device:
@@ -83,22 +84,22 @@ class device:
 
 def synchronize(device: DeviceLike | None = None) -> None:
     """Wait for relay work on the device's GPU; host-homed work is already done."""
-    _C.synchronize(_index(device))
+    _ops.synchronize(_index(device))
 
 
 # Memory: bytes held by relay tensors, whichever their home.
 
 
 def memory_allocated(device: DeviceLike | None = None) -> int:
-    return _C.memory_allocated(_index(device))
+    return _ops.memory_allocated(_index(device))
 
 
 def max_memory_allocated(device: DeviceLike | None = None) -> int:
-    return _C.max_memory_allocated(_index(device))
+    return _ops.max_memory_allocated(_index(device))
 
 
 def reset_peak_memory_stats(device: DeviceLike | None = None) -> None:
-    _C.reset_peak_memory_stats(_index(device))
+    _ops.reset_peak_memory_stats(_index(device))
 
 
 def empty_cache() -> None:
@@ -112,13 +113,13 @@ def empty_cache() -> None:
 
 def get_home() -> str:
     """Home of new relay tensors: "cpu" (host memory) or "cuda" (GPU memory)."""
-    return _C.get_home()
+    return _ops.get_home()
 
 
 def set_home(home: str) -> None:
     """Set where new relay tensors keep their memory. A CUDA home without CUDA
     or without a GPU is an error at the first allocation."""
-    _C.set_home(home)
+    _ops.set_home(home)
 
 
 def home(home: str) -> contextlib.AbstractContextManager[None]:
@@ -132,7 +133,7 @@ def home_is_page_locked(tensor: torch.Tensor) -> bool:
     and from the GPU run asynchronously and at full speed."""
     if tensor.device.type != NAME:
         raise ValueError(f"home_is_page_locked takes a relay tensor, got one on {tensor.device}")
-    return _C.is_page_locked(tensor.untyped_storage().data_ptr())
+    return _ops.is_page_locked(tensor.untyped_storage().data_ptr())
 
 
 # Random numbers. Random ops run on the fallback target; relay's default
@@ -141,7 +142,7 @@ def home_is_page_locked(tensor: torch.Tensor) -> bool:
 
 
 def default_generator(device: DeviceLike | None = None) -> torch.Generator:
-    return _C.default_generator(_index(device))
+    return _ops.default_generator(_index(device))
 
 
 def get_rng_state(device: DeviceLike = NAME) -> torch.Tensor:
@@ -201,14 +202,14 @@ def _index(device: DeviceLike | None) -> int:
     if device is None:
         return -1
     if isinstance(device, int):
-        _C.check_device_index(device)
+        _ops.check_device_index(device)
         return device
     device = torch.device(device)
     if device.type != NAME:
         raise ValueError(f"expected a relay device, got {device}")
     if device.index is None:
         return -1
-    _C.check_device_index(device.index)
+    _ops.check_device_index(device.index)
     return device.index
 
 
@@ -244,12 +245,13 @@ def _register() -> None:
 
 
 _register()
+_ops.add_autograd_device_threads()  # for an engine started before this import
 _distributed.register(NAME)  # "relaycc": collectives on gloo (host home) or NCCL (CUDA home)
 _cuda_autograd.install()
 if "TORCH_FALLBACK_RELAY_HOME" in os.environ:
     set_home(os.environ["TORCH_FALLBACK_RELAY_HOME"].strip())
 # Let autograd's relay threads drop every graph before the interpreter shuts
 # down: a graph released there later would abort the process.
-atexit.register(_C.finish_autograd_work)
+atexit.register(_ops.finish_autograd_work)
 
 del torch_fallback

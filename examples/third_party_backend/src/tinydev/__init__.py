@@ -38,7 +38,9 @@ def _check_privateuse1_is_free() -> None:
 
 _check_privateuse1_is_free()
 
-from . import _C  # noqa: E402
+from . import _C  # noqa: E402, F401  (loads torch.ops.tinydev)
+
+_ops = torch.ops.tinydev
 
 
 def is_available() -> bool:
@@ -89,18 +91,18 @@ def manual_seed_all(seed: int) -> None:
 
 def live_allocations() -> int:
     """Storages tinydev's allocator made that are still alive."""
-    return _C.live_allocations()
+    return _ops.live_allocations()
 
 
 def cuda_symbol_providers() -> dict[str, str]:
     """{mangled c10::cuda symbol: path of the shared object tinydev's calls are bound to}."""
-    return _C.cuda_symbol_providers()
+    return _ops.cuda_symbol_providers()
 
 
 def cuda_current_device() -> int:
     """c10::cuda::current_device(), called by tinydev with no check: on a CPU-only
     PyTorch it reaches torch-fallback's stub, which raises RuntimeError."""
-    return _C.cuda_current_device()
+    return _ops.cuda_current_device()
 
 
 def _register() -> None:
