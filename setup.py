@@ -9,6 +9,7 @@ wheel from it without torch stops at once with what to do instead.
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -115,7 +116,9 @@ def extensions() -> list:
                 "decompositions.cpp",
                 "native_kernels.cpp",
                 "batch_norm.cpp",
-                "fallback.cpp",
+                "call_support.cpp",
+                "boxed_call.cpp",
+                "direct_call.cpp",
                 "distributed.cpp",
             ),
             include_dirs=[PUBLIC_INCLUDE],
@@ -155,7 +158,11 @@ def extensions() -> list:
 
 # --- distribution metadata: the torch pin and the build label (kept apart from the build) ---
 
-VERSION = "0.1.0"
+# Written once, as the package's __version__; read from the file, as importing the package
+# would load the extension this builds.
+VERSION = re.search(
+    r'^__version__ = "([^"]+)"$', (PACKAGE / "__init__.py").read_text(), re.MULTILINE
+)[1]
 
 
 def distribution_metadata() -> dict:

@@ -9,7 +9,8 @@ wheelhouses), docker-warm (nothing changed), docker-touch (one C++ file edited),
 then the same three for the local runner. For each: wall time, the cell's step
 times, whether the image was built, how many translation units ninja compiled
 and how many of those ccache served. WARNING: docker-cold removes this
-machine's fallback-matrix images and cache volume.
+machine's fallback-matrix images and cache volume. --json writes every scenario's
+figures and the host.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import harness
 
 REPO = Path(__file__).resolve().parents[1]
 CELL = "cpu"
@@ -101,7 +104,7 @@ def render(results: dict[str, dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runners", nargs="*", default=["docker", "local"])
-    parser.add_argument("--json")
+    harness.add_output_options(parser, raw=False)
     args = parser.parse_args(argv)
 
     results: dict[str, dict] = {}
@@ -120,9 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{runner}-{scenario}: {results[f'{runner}-{scenario}']['seconds']} s",
                     flush=True,
                 )
-    print(render(results))
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    harness.write_outputs(args, {**results, "host": harness.host_info()}, render(results))
     return 0 if all(r["ok"] for r in results.values()) else 1
 
 

@@ -10,18 +10,21 @@ training bench's CNN and Transformer (training_workloads.py), float32.
 
     python benchmarks/ddp_bench.py --nproc 2 --rounds 16 --json ddp.json
     python benchmarks/ddp_bench.py --nproc 1   # one GPU: world size 1, and it says so
+
+--json writes the summary (medians, ratios and their quartiles, host and GPU); --raw
+adds each round's figures.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import statistics
 import sys
-from pathlib import Path
 from typing import Any
+
+import harness
 
 SIDES = ("native", "relay", "control")
 MODELS = ("cnn", "transformer")
@@ -67,9 +70,9 @@ def rank_main(side: str, rank: int, world: int, port: int, args: dict, pipe: Any
         if command[0] is None:
             break
         dist.barrier()
-        ms, _ = work.median_ms(steps[command[0]], sync, args["budget"], max_repeats=200)
+        timed = harness.time_calls(steps[command[0]], sync, args["budget"], max_repeats=200)
         if rank == 0:
-            pipe.send(ms)
+            pipe.send(timed.median)
     dist.destroy_process_group()
 
 
@@ -79,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=16)
     parser.add_argument("--budget", type=float, default=0.3, help="seconds per measurement")
     parser.add_argument("--small", action="store_true", help="the training bench's small sizes")
-    parser.add_argument("--json", help="write the results here")
+    harness.add_output_options(parser)
     args = parser.parse_args(argv)
     import torch
 
@@ -109,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             processes.append(process)
     times: dict[str, dict[str, list[float]]] = {s: {m: [] for m in MODELS} for s in SIDES}
     for round_index in range(args.rounds):
-        order = SIDES[round_index % 3 :] + SIDES[: round_index % 3]
+        order = harness.rotated(SIDES, round_index)
         for name in MODELS:
             for side in order:
                 pipes[side].send(name)
@@ -122,38 +125,47 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in MODELS:
         native = times["native"][name]
-        ratio = {
-            s: statistics.median(t / n for t, n in zip(times[s][name], native, strict=True))
-            for s in ("relay", "control")
-        }
+        ratio = {s: harness.summarize(harness.paired(times[s][name], native)) for s in SIDES[1:]}
         rows.append(
             {
                 "model": name,
                 "native_ms": statistics.median(native),
                 "relay_ms": statistics.median(times["relay"][name]),
-                "relay_ratio": ratio["relay"],
-                "control_ratio": ratio["control"],
+                "relay_ratio": ratio["relay"]["median"],
+                "relay_quartiles": ratio["relay"]["quartiles"],
+                "control_ratio": ratio["control"]["median"],
+                "control_quartiles": ratio["control"]["quartiles"],
             }
         )
     meta = {
         "nproc": nproc,
         "rounds": args.rounds,
-        "gpu": torch.cuda.get_device_name(0),
-        "torch": torch.__version__,
+        "budget_s": args.budget,
+        **harness.host_info(torch),
         "note": note,
         "command": " ".join(["python", "benchmarks/ddp_bench.py", *(argv or sys.argv[1:])]),
     }
-    print(f"DDP training step, {nproc} rank(s) per side, median of {args.rounds} rounds {note}")
-    print("| model | native ms | relay ms | relay/native | control |")
-    print("| --- | ---: | ---: | ---: | ---: |")
-    for row in rows:
-        print(
+    result: dict[str, Any] = {"meta": meta, "rows": rows}
+    if args.raw:  # each round's ms per side and model
+        result["rounds_ms"] = times
+    harness.write_outputs(args, result, render(result))
+    return 0
+
+
+def render(result: dict) -> str:
+    meta = result["meta"]
+    lines = [
+        f"DDP training step, {meta['nproc']} rank(s) per side, median of {meta['rounds']} "
+        f"rounds {meta['note']}",
+        "| model | native ms | relay ms | relay/native | control |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for row in result["rows"]:
+        lines.append(
             f"| {row['model']} | {row['native_ms']:.2f} | {row['relay_ms']:.2f} "
             f"| {row['relay_ratio']:.2f} | {row['control_ratio']:.2f} |"
         )
-    if args.json:
-        Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
-    return 0
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

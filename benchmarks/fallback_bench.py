@@ -1,41 +1,59 @@
 """How fast ops without a relay kernel run through the fallback, on a GPU host.
 
-For each op and size, in one process, medians over repeated runs after warm-up:
-  a  native CUDA op on CUDA tensors
-  b  relay op, CUDA target, CUDA home (stream-ordered, the default)
-  b_sync  as b, with a full device synchronize after each fallback op
-  c  relay op, CPU target, CUDA home (the CPU fallback the CUDA one replaces)
-  d  relay op, CPU target, CPU home
-  e  native CPU op on CPU tensors
+For each op and size, in one process, the median ms per call (and quartiles) after
+warm-up, in six variants:
+  native_cuda             native CUDA op on CUDA tensors
+  fallback_cuda           relay tensors homed on CUDA, the op through the CUDA fallback
+                          (target cuda, stream-ordered: the default)
+  fallback_cuda_sync      as fallback_cuda, with a full device synchronize after each op
+  fallback_cpu_cuda_home  relay tensors homed on CUDA, the op through the CPU fallback
+                          (target cpu: the round trip the CUDA fallback replaces)
+  fallback_cpu            relay tensors homed on the CPU, the op through the CPU fallback
+  native_cpu              native CPU op on CPU tensors
+and the ratios: cuda_fallback_ratio (fallback_cuda / native_cuda), cuda_fallback_extra_us
+(fallback_cuda - native_cuda), cpu_fallback_ratio (fallback_cpu_cuda_home / fallback_cuda:
+what the CUDA fallback saves) and sync_ratio (fallback_cuda_sync / fallback_cuda).
 
     python benchmarks/fallback_bench.py --json fallback.json --plot fallback.png
+
+--json writes the summary (medians, quartiles, ratios, host and GPU); --raw adds every
+call's time. --from-json renders an earlier summary again (the variants' earlier names,
+a, b, b_sync, c, d and e, are read too).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import harness
 import torch
 
 import torch_fallback
 import torch_fallback.relay
 
 SIZES = {"1K": 1 << 10, "1M": 1 << 20, "16M": 1 << 24}
-VARIANTS = ("a", "b", "b_sync", "c", "d", "e")
 VARIANT_SETUP = {  # variant -> (tensor device, fallback target, relay home, cuda sync)
-    "a": ("cuda", None, None, None),
-    "b": ("relay", "cuda", "cuda", "stream"),
-    "b_sync": ("relay", "cuda", "cuda", "device"),
-    "c": ("relay", "cpu", "cuda", "stream"),
-    "d": ("relay", "cpu", "cpu", "stream"),
-    "e": ("cpu", None, None, None),
+    "native_cuda": ("cuda", None, None, None),
+    "fallback_cuda": ("relay", "cuda", "cuda", "stream"),
+    "fallback_cuda_sync": ("relay", "cuda", "cuda", "device"),
+    "fallback_cpu_cuda_home": ("relay", "cpu", "cuda", "stream"),
+    "fallback_cpu": ("relay", "cpu", "cpu", "stream"),
+    "native_cpu": ("cpu", None, None, None),
 }
+VARIANTS = tuple(VARIANT_SETUP)
+# The variants' earlier names (results written before they were renamed).
+EARLIER_NAMES = dict(zip(("a", "b", "b_sync", "c", "d", "e"), VARIANTS, strict=True))
+RATIOS = {  # derived figure -> (numerator, denominator); the names say what they compare
+    "cuda_fallback_ratio": ("fallback_cuda", "native_cuda"),
+    "cpu_fallback_ratio": ("fallback_cpu_cuda_home", "fallback_cuda"),
+    "sync_ratio": ("fallback_cuda_sync", "fallback_cuda"),
+}
+EARLIER_RATIOS = {"b_over_a": "cuda_fallback_ratio", "b_minus_a_us": "cuda_fallback_extra_us",
+                  "c_over_b": "cpu_fallback_ratio", "b_sync_over_b": "sync_ratio"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -109,37 +127,23 @@ def configure(variant: str) -> str:
     return device
 
 
-def time_op(fn: Callable[[], object], budget_s: float, max_repeats: int) -> tuple[float, int]:
-    """Median ms of fn() with the GPU drained after each call."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    deadline = time.perf_counter() + budget_s
-    while len(samples) < max_repeats and (len(samples) < 5 or time.perf_counter() < deadline):
-        start = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples), len(samples)
-
-
-def measure(case: Case, variant: str, budget_s: float, max_repeats: int) -> dict:
+def measure(case: Case, variant: str, budget_s: float, max_repeats: int, raw: bool) -> dict:
     torch.manual_seed(0)
     inputs_cpu = case.make(SIZES[case.size])
     device = configure(variant)
     inputs = tuple(t.to(device) for t in inputs_cpu)
     torch.cuda.synchronize()
     torch_fallback.reset_metrics()
-    median_ms, repeats = time_op(lambda: case.run(*inputs), budget_s, max_repeats)
+    timed = harness.time_calls(
+        lambda: case.run(*inputs), torch.cuda.synchronize, budget_s, max_repeats=max_repeats
+    )
     moved = sum(m.bytes_to_target + m.bytes_from_target for m in torch_fallback.metrics().values())
     calls = sum(m.calls for m in torch_fallback.metrics().values())
     return {
         "op": case.op,
         "size": case.size,
         "variant": variant,
-        "median_ms": median_ms,
-        "repeats": repeats,
+        **timed.summary(raw),
         "fallback_calls": calls,
         "bytes_moved": moved,
     }
@@ -149,40 +153,50 @@ def ratios(rows: list[dict]) -> list[dict]:
     table = {(r["op"], r["size"], r["variant"]): r["median_ms"] for r in rows}
     out = []
     for op, size in dict.fromkeys((r["op"], r["size"]) for r in rows):
-
-        def get(variant: str, op: str = op, size: str = size) -> float | None:
-            return table.get((op, size, variant))
-
-        a, b, c = get("a"), get("b"), get("c")
-        out.append(
-            {
-                "op": op,
-                "size": size,
-                "b_over_a": b / a if a and b else None,
-                "b_minus_a_us": (b - a) * 1e3 if a and b else None,
-                "c_over_b": c / b if b and c else None,
-                "b_sync_over_b": get("b_sync") / b if b and get("b_sync") else None,
-            }
-        )
+        ms = {v: table.get((op, size, v)) for v in VARIANTS}
+        row = {"op": op, "size": size}
+        for name, (numerator, denominator) in RATIOS.items():
+            n, d = ms[numerator], ms[denominator]
+            row[name] = n / d if n and d else None
+        n, d = ms["fallback_cuda"], ms["native_cuda"]
+        row["cuda_fallback_extra_us"] = (n - d) * 1e3 if n and d else None
+        out.append(row)
     return out
+
+
+def upgrade(document: dict) -> dict:
+    """A summary written before the variants were renamed, with the current names."""
+    for row in document["rows"]:
+        row["variant"] = EARLIER_NAMES.get(row["variant"], row["variant"])
+    for row in document.get("derived", []):
+        for old, new in EARLIER_RATIOS.items():
+            if old in row:
+                row[new] = row.pop(old)
+    return document
 
 
 def render(rows: list[dict], derived: list[dict]) -> str:
     table = {(r["op"], r["size"], r["variant"]): r["median_ms"] for r in rows}
-    head = f"{'op':<20} {'size':>4} " + " ".join(f"{v:>9}" for v in VARIANTS)
-    head += f" {'b/a':>6} {'b-a us':>7} {'c/b':>7}"
-    lines = ["median ms per call", head, "-" * len(head)]
+    widths = {v: max(len(v), 9) for v in VARIANTS}
+    head = f"{'op':<20} {'size':>4} " + " ".join(f"{v:>{widths[v]}}" for v in VARIANTS)
+    head += f" {'cuda/native':>11} {'+us':>6} {'cpu/cuda':>8}"
+    lines = [
+        "median ms per call; cuda/native: fallback_cuda / native_cuda, +us: fallback_cuda - "
+        "native_cuda, cpu/cuda: fallback_cpu_cuda_home / fallback_cuda",
+        head,
+        "-" * len(head),
+    ]
     for d in derived:
         cells = " ".join(
-            f"{table[(d['op'], d['size'], v)]:>9.3f}"
+            f"{table[(d['op'], d['size'], v)]:>{widths[v]}.3f}"
             if (d["op"], d["size"], v) in table
-            else f"{'-':>9}"
+            else f"{'-':>{widths[v]}}"
             for v in VARIANTS
         )
-        fmt = lambda x, spec: format(x, spec) if x is not None else "-"  # noqa: E731
+        fmt = lambda x, spec: format(x, spec) if x is not None else f"{'-':{spec[:-3]}}"  # noqa: E731
         lines.append(
-            f"{d['op']:<20} {d['size']:>4} {cells} {fmt(d['b_over_a'], '>6.2f')} "
-            f"{fmt(d['b_minus_a_us'], '>7.1f')} {fmt(d['c_over_b'], '>7.1f')}"
+            f"{d['op']:<20} {d['size']:>4} {cells} {fmt(d['cuda_fallback_ratio'], '>11.2f')} "
+            f"{fmt(d['cuda_fallback_extra_us'], '>6.1f')} {fmt(d['cpu_fallback_ratio'], '>8.1f')}"
         )
     return "\n".join(lines)
 
@@ -214,14 +228,14 @@ def plot(rows: list[dict], path: str) -> None:
         ax.set_title(f"{size} elements")
         ax.set_xticks([i + 0.4 for i in range(len(ops))], ops, rotation=45, ha="right")
         ax.set_ylabel("median ms (log)")
-    axes[0].legend(title="a native CUDA, b CUDA fallback, c/d CPU fallback, e CPU")
+    axes[0].legend(title="variant", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", help="write results here")
+    harness.add_output_options(parser)
     parser.add_argument("--plot", help="write a PNG plot here (needs matplotlib)")
     parser.add_argument("--from-json", help="only render the table/plot of an earlier run")
     parser.add_argument("--ops", nargs="*", help="only these ops")
@@ -231,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.from_json:
         with open(args.from_json) as stream:
-            rows = json.load(stream)["rows"]
+            rows = upgrade(json.load(stream))["rows"]
     else:
         if not torch.cuda.is_available():
             print(
@@ -244,21 +258,19 @@ def main(argv: list[str] | None = None) -> int:
             if args.ops and case.op not in args.ops:
                 continue
             for variant in VARIANTS:
-                rows.append(measure(case, variant, args.budget, args.max_repeats))
+                rows.append(measure(case, variant, args.budget, args.max_repeats, args.raw))
                 print(
-                    f"{case.op:<20} {case.size:>4} {variant:<7} {rows[-1]['median_ms']:10.4f} ms",
+                    f"{case.op:<20} {case.size:>4} {variant:<22} {rows[-1]['median_ms']:10.4f} ms",
                     flush=True,
                 )
     derived = ratios(rows)
-    print(render(rows, derived))
-    if args.json and not args.from_json:
-        meta = {
-            "date": time.strftime("%Y-%m-%d"),
-            "gpu": torch.cuda.get_device_name(0),
-            "torch": str(torch.__version__),
-        }
-        with open(args.json, "w") as stream:
-            json.dump({"meta": meta, "rows": rows, "derived": derived}, stream, indent=1)
+    document = None
+    if not args.from_json:
+        meta = {**harness.host_info(torch), "budget_s": args.budget}
+        keys = ("device", "target", "home", "cuda_sync")
+        meta["variants"] = {v: dict(zip(keys, s, strict=True)) for v, s in VARIANT_SETUP.items()}
+        document = {"meta": meta, "rows": rows, "derived": derived}
+    harness.write_outputs(args, document, render(rows, derived))
     if args.plot:
         plot(rows, args.plot)
     return 0

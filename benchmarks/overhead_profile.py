@@ -12,6 +12,9 @@
     its inclusive cost minus the components inside it; they add up to the total.
 
     python benchmarks/overhead_profile.py --json r.json --table r.txt
+
+--json writes the summary (timing medians and quartiles, the components' Ir per call,
+host); --raw adds every timing round with its per-batch samples.
 """
 
 from __future__ import annotations
@@ -21,15 +24,14 @@ import json
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import harness
 from callgrind_costs import component_tree, entered_cost, parse_callgrind
-from training_bench import source_version
 
 BATCH = 100
 WALK = ["to_target", "move_arguments_to_target", "find_backend_device", "choose_target",
@@ -79,7 +81,7 @@ def timing_child(args: argparse.Namespace) -> int:
         torch_fallback.set_target(device)
         torch_fallback.relay.set_home(device)
         device = "relay"
-    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    sync = torch.cuda.synchronize if args.device == "cuda" else harness.no_sync
     a, b = torch.randn(1024, device=device), torch.randn(1024, device=device)
     add = torch.add
     for _ in range(1000):
@@ -97,12 +99,16 @@ def timing_child(args: argparse.Namespace) -> int:
     if args.side == "relay":
         m = torch_fallback.metrics()["aten::add.Tensor"]
         fallback_ns = m.time_ns / m.calls
+    summary = harness.summarize(samples)
     result = {
-        "us_per_call": statistics.median(samples),
+        "us_per_call": summary["median"],
+        "quartiles_us": summary["quartiles"],
         "calls": len(samples) * BATCH,
         "fallback_us_per_call": None if fallback_ns is None else fallback_ns / 1e3,
     }
-    print(json.dumps(result))
+    if args.raw:
+        result["samples_us"] = samples  # us per call of each batch of BATCH calls
+    harness.emit(result)
     return 0
 
 
@@ -135,10 +141,8 @@ def callgrind_child(args: argparse.Namespace) -> int:
 
 
 def run_timing(side: str, args: argparse.Namespace) -> dict:
-    command = [sys.executable, __file__, "--timing-child", f"--side={side}",
-               f"--device={args.device}", f"--calls={args.calls}"]  # fmt: skip
-    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    argv = ["--timing-child", f"--device={args.device}", f"--calls={args.calls}"]
+    return harness.run_side(__file__, side, argv + (["--raw"] if args.raw else []))
 
 
 def run_callgrind(side: str, calls: int, workdir: Path) -> Path:
@@ -247,8 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-callgrind", action="store_true")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="target and home of the timing (callgrind is CPU only)")  # fmt: skip
-    parser.add_argument("--json", help="write results here")
-    parser.add_argument("--table", help="write the table here as text")
+    harness.add_output_options(parser)
     parser.add_argument("--keep", help="keep the callgrind output files in this folder")
     parser.add_argument("--from-json", help="only render the table of an earlier run")
     parser.add_argument("--side", choices=("native", "relay"), help=argparse.SUPPRESS)
@@ -266,16 +269,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch  # metadata only; the measurements run in child processes
 
-    meta = {"torch": str(torch.__version__), "device": args.device}
-    meta |= {"date": time.strftime("%Y-%m-%d"), "python": sys.version.split()[0]}
-    meta["source"] = source_version()
+    meta = {"device": args.device, **harness.host_info(torch)}
     result: dict = {"meta": meta}
     runs: dict[str, list[dict]] = {"native": [], "relay": []}
     for _ in range(args.rounds):  # alternating; the fastest round of each side is kept
         for side, results in runs.items():
             results.append(run_timing(side, args))
-    result["timing"] = {side: min(r, key=lambda x: x["us_per_call"]) for side, r in runs.items()}
+    best = {side: min(r, key=lambda x: x["us_per_call"]) for side, r in runs.items()}
+    result["timing"] = {side: {k: v for k, v in row.items() if k != "samples_us"}
+                        for side, row in best.items()}  # fmt: skip
     result["timing"]["rounds"] = args.rounds
+    if args.raw:
+        result["timing_rounds"] = runs
     missing = [t for t in ("valgrind", "callgrind_control") if shutil.which(t) is None]
     if args.no_callgrind:
         result["callgrind_note"] = "skipped (--no-callgrind)"
@@ -293,12 +298,7 @@ def main(argv: list[str] | None = None) -> int:
                 path = run_callgrind(side, args.callgrind_calls, workdir)
                 cost = component_costs(path, args.callgrind_calls)
                 result["callgrind"][side] = cost
-    table = render(result)
-    print(table)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
-    if args.table:
-        Path(args.table).write_text(table + "\n")
+    harness.write_outputs(args, result, render(result))
     return 0
 
 

@@ -5,16 +5,17 @@
 
 Prints a table of the samples and the growth between the first sample after
 warm-up and the last; memory that keeps growing with the number of calls is a leak.
+--json writes the growth, the samples and the host.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 
+import harness
 import torch
 
 import torch_fallback
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--home", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--samples", type=int, default=10)
-    parser.add_argument("--json")
+    harness.add_output_options(parser, raw=False)
     args = parser.parse_args(argv)
 
     torch_fallback.set_target(args.target)
@@ -88,17 +89,16 @@ def main(argv: list[str] | None = None) -> int:
         "rss_growth_mb": round(samples[-1]["rss_mb"] - samples[0]["rss_mb"], 2),
         "cuda_growth_mb": round(samples[-1]["cuda_mb"] - samples[0]["cuda_mb"], 2),
         "samples": samples,
+        **harness.host_info(torch),
     }
-    print(f"{'calls':>8} {'RSS MB':>9} {'CUDA MB':>9}")
+    lines = [f"{'calls':>8} {'RSS MB':>9} {'CUDA MB':>9}"]
     for sample in samples:
-        print(f"{sample['calls']:>8} {sample['rss_mb']:>9.2f} {sample['cuda_mb']:>9.2f}")
-    print(
+        lines.append(f"{sample['calls']:>8} {sample['rss_mb']:>9.2f} {sample['cuda_mb']:>9.2f}")
+    lines.append(
         f"{calls} fallback calls in {elapsed:.1f} s, target={args.target} home={args.home}; "
         f"RSS growth {result['rss_growth_mb']} MB, CUDA growth {result['cuda_growth_mb']} MB"
     )
-    if args.json:
-        with open(args.json, "w") as stream:
-            json.dump(result, stream, indent=1)
+    harness.write_outputs(args, result, "\n".join(lines))
     return 0
 
 

@@ -12,19 +12,19 @@ native side never imports torch_fallback, pytorch/pytorch#161129) reports:
 
     python benchmarks/step_profile.py --device cuda --model cnn --json p.json
     python benchmarks/step_profile.py --device cpu --small --model transformer
+
+--json writes the summary (per side: the medians, the quartiles of wall and host ms, the
+profiles); --raw adds every step's times.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import json
-import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 
+import harness
 import training_workloads as workloads
 
 TOP = 12
@@ -33,8 +33,9 @@ TOP = 12
 PHASES = ("zero_grad", "forward", "backward", "optimizer")
 
 
-def issue_and_wall_ms(step, sync, repeats: int) -> dict[str, float]:
-    """Median ms to issue a step and to finish it, and to issue each of its phases."""
+def issue_and_wall_ms(step, sync, repeats: int, raw: bool = False) -> dict:
+    """Median ms to issue a step and to finish it (and quartiles), and to issue each of
+    its phases; raw: every step's figures too."""
     samples: dict[str, list[float]] = {key: [] for key in ("issue_ms", "wall_ms", *PHASES)}
     for _ in range(repeats):
         sync()
@@ -45,7 +46,12 @@ def issue_and_wall_ms(step, sync, repeats: int) -> dict[str, float]:
         samples["issue_ms"].append((marks[-1] - marks[0]) * 1e3)
         for phase, (begin, end) in zip(PHASES, itertools.pairwise(marks), strict=True):
             samples[phase].append((end - begin) * 1e3)
-    return {key: statistics.median(values) for key, values in samples.items()}
+    summaries = {key: harness.summarize(values) for key, values in samples.items()}
+    out: dict = {key: summary["median"] for key, summary in summaries.items()}
+    out |= {f"{key}_quartiles": summaries[key]["quartiles"] for key in ("issue_ms", "wall_ms")}
+    if raw:
+        out["samples_ms"] = samples
+    return out
 
 
 def profile(step, sync, uses_cuda: bool, steps: int) -> dict:
@@ -92,7 +98,7 @@ def side_main(args: argparse.Namespace) -> int:
     spec = {"name": args.model, "dtype": args.dtype, "device": device, "config": args.side}
     sync = workloads.make_sync(uses_cuda)
     _, step = workloads.train_step(spec, args, sync)  # warms up for args.budget seconds
-    row = {"side": args.side, **issue_and_wall_ms(step, sync, args.repeats)}
+    row = {"side": args.side, **issue_and_wall_ms(step, sync, args.repeats, args.raw)}
     row |= profile(step, sync, uses_cuda, steps=3)
     if fallback is not None:
         fallback.reset_metrics()
@@ -102,15 +108,8 @@ def side_main(args: argparse.Namespace) -> int:
         row["fallback_calls"] = sum(m.calls for _, m in per_op)
         row["fallback_ms"] = sum(m.time_ns / 1e6 for _, m in per_op)
         row["fallback"] = {name: [m.calls, m.time_ns / 1e6] for name, m in per_op[:TOP]}
-    print("@@row " + json.dumps(row), flush=True)
+    harness.emit(row)
     return 0
-
-
-def run_side(side: str, argv: list[str]) -> dict:
-    command = [sys.executable, __file__, *argv, "--side", side]
-    done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True)
-    rows = [line for line in done.stdout.splitlines() if line.startswith("@@row ")]
-    return json.loads(rows[-1][len("@@row ") :])
 
 
 def kernel_differences(native: dict, relay: dict) -> list[tuple[str, tuple[list, list]]]:
@@ -163,20 +162,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--small", action="store_true", help="small models (for CPU hosts)")
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--budget", type=float, default=0.2, help="seconds of warm-up steps")
-    parser.add_argument("--json", help="write results here")
+    harness.add_output_options(parser)
     parser.add_argument("--side", choices=("native", "relay"), help=argparse.SUPPRESS)
     args, _ = parser.parse_known_args(argv)
     if args.side:
         return side_main(args)
     forwarded = list(argv if argv is not None else sys.argv[1:])
-    rows = {side: run_side(side, forwarded) for side in ("native", "relay")}
+    rows = {side: harness.run_side(__file__, side, forwarded) for side in ("native", "relay")}
     import torch
 
     meta = {"model": args.model, "dtype": args.dtype, "device": args.device,
-            "torch": torch.__version__}  # fmt: skip
-    print(render(rows, meta))
-    if args.json:
-        Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+            "repeats": args.repeats, **harness.host_info(torch)}  # fmt: skip
+    harness.write_outputs(args, {"meta": meta, "rows": rows}, render(rows, meta))
     return 0
 
 

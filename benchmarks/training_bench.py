@@ -27,6 +27,10 @@ Within a round each relay measurement runs next to its native reference and a se
 native process (the A/A control, which --no-control leaves out) measures the same
 native reference; the order of the three rotates from round to round. --cpus pins
 every side to the same CPUs.
+
+Output: the table; --json the summary (meta with host and GPU, and per row the medians,
+the ratio, the paired ratio and its quartiles, the A/A control's); --raw adds every
+side's rows with each round's median; --from-json renders an earlier summary again.
 """
 
 from __future__ import annotations
@@ -34,11 +38,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+import harness
 
 SIDES = ("native", "relay")
 CONTROL = "control"  # the A/A control: a second native process, paired as relay is
@@ -46,69 +49,12 @@ KINDS = ("train", "decode", "graph", "op", "cross_home")
 TIMED = ("train", "decode", "graph")  # kinds with a median time per round, paired
 
 
-def source_version() -> str | None:
-    """The checkout's commit (+dirty), or None outside a git checkout."""
-    command = ["git", "describe", "--always", "--dirty"]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, cwd=Path(__file__).parent)
-    except OSError:
-        return None
-    return done.stdout.strip() or None
-
-
-def cpu_model() -> str | None:
-    """The host CPU's model name (Linux), which decides how much host time shows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
-
-
-MARK = "@@row "  # prefixes the side's JSON lines on its stdout
-
-
-class Side:
-    """A side process that runs one measurement per request, so that the parent can
-    interleave native and relay measurements (both then see the same host)."""
-
-    def __init__(self, side: str, argv: list[str], runs_as: str | None = None) -> None:
-        command = [sys.executable, __file__, *argv, "--side", runs_as or side]
-        print(f"== {side} side: {' '.join(command[1:])}", file=sys.stderr, flush=True)
-        self.side = side
-        self.process = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
-        )
-        self.hello = self.read()
-
-    def read(self) -> dict:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            if line.startswith(MARK):
-                return json.loads(line[len(MARK) :])
-        status = self.process.wait()
-        raise SystemExit(f"the {self.side} side failed (exit status {status}); see above")
-
-    def run(self, index: int) -> dict:
-        assert self.process.stdin is not None
-        self.process.stdin.write(f"{index}\n")
-        self.process.stdin.flush()
-        return self.read()
-
-    def close(self) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.close()
-        self.process.wait()
-
-
 def measure_all(args: argparse.Namespace, forwarded: list[str]) -> dict:
     """Every relay measurement next to its native reference and, unless --no-control,
     the same native measurement in a second native process (the A/A control), in an
     order that rotates from round to round: a cost of going first or last cancels out."""
     names = [*SIDES] + ([] if args.no_control else [CONTROL])
-    sides = {name: Side(name, forwarded) for name in names}
+    sides = {name: harness.SideProcess(__file__, name, forwarded) for name in names}
     plans = {name: sides[name].hello["plan"] for name in names}
     native_index = {(s["kind"], s["name"], s.get("dtype"), s["config"]): i
                     for i, s in enumerate(plans["native"])}  # fmt: skip
@@ -117,14 +63,13 @@ def measure_all(args: argparse.Namespace, forwarded: list[str]) -> dict:
     runs: dict[str, list[list[dict]]] = {name: [] for name in names}
     for round_index in range(args.rounds):
         rows: dict[str, list] = {name: [None] * len(plans[name]) for name in names}
-        shift = round_index % len(names)
-        order = names[shift:] + names[:shift]
+        order = harness.rotated(names, round_index)
         for i, j in pairs:
             for name in order:
                 if name == "relay":
-                    rows["relay"][j] = sides["relay"].run(j)
+                    rows["relay"][j] = sides["relay"].measure(j)
                 elif i is not None and rows[name][i] is None:
-                    rows[name][i] = sides[name].run(i)
+                    rows[name][i] = sides[name].measure(i)
         for name in names:
             runs[name].append([row for row in rows[name] if row is not None])
     for side in sides.values():
@@ -185,25 +130,7 @@ def side_main(args: argparse.Namespace) -> int:
         "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
         "sizes": {"cnn": work.CNN[args.small], "transformer": work.TRANSFORMER[args.small]},
     }
-    print(MARK + json.dumps({"meta": meta, "plan": plan}), flush=True)
-    for line in sys.stdin:
-        print(MARK + json.dumps(work.measure(plan[int(line)], args)), flush=True)
-    return 0
-
-
-def paired_ratios(native: dict, relay: dict) -> list[float]:
-    """Each round's relay/native, the two measured back to back: a slowdown of the
-    whole host during a round cancels out."""
-    pairs = zip(native.get("round_ms", []), relay.get("round_ms", []), strict=True)
-    return [r / n for n, r in pairs]
-
-
-def quartiles(values: list[float]) -> tuple[float, float] | None:
-    """The first and third quartiles, or None for fewer than two values."""
-    if len(values) < 2:
-        return None
-    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return q1, q3
+    return harness.serve({"meta": meta}, plan, lambda spec: work.measure(spec, args))
 
 
 def derive(native: list[dict], relay: list[dict]) -> dict[str, list[dict]]:
@@ -215,14 +142,14 @@ def derive(native: list[dict], relay: list[dict]) -> dict[str, list[dict]]:
         if n is None:
             continue
         if r["kind"] in TIMED:
-            paired = paired_ratios(n, r)
+            paired = harness.paired(r.get("round_ms", []), n.get("round_ms", []))
+            spread = harness.summarize(paired) if paired else {"median": None, "quartiles": None}
             row = {
                 "model": r["name"], "dtype": r.get("dtype"), "config": r["config"],
                 "native_config": n["config"],
                 "native_ms": n["median_ms"], "relay_ms": r["median_ms"],
                 "ratio": r["median_ms"] / n["median_ms"],
-                "paired_ratio": statistics.median(paired) if paired else None,
-                "paired_quartiles": quartiles(paired),
+                "paired_ratio": spread["median"], "paired_quartiles": spread["quartiles"],
                 "fallback_calls_per_step": r.get("fallback_calls"),
             }  # fmt: skip
             if r["kind"] == "decode":
@@ -390,8 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=KINDS, default=list(KINDS),
                         help="measure only these kinds")  # fmt: skip
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
-    parser.add_argument("--json", help="write results here")
-    parser.add_argument("--table", help="write the table here as text")
+    harness.add_output_options(parser)
     parser.add_argument("--plot", help="write a PNG plot here (needs matplotlib)")
     parser.add_argument("--from-json", help="only render the table/plot of an earlier run")
     parser.add_argument("--no-control", action="store_true",
@@ -418,23 +344,18 @@ def main(argv: list[str] | None = None) -> int:
         sides = measure_all(args, forwarded)
         meta = {
             **sides["relay"]["meta"], "device": args.device, "small": args.small,
-            "budget_s": args.budget, "rounds": args.rounds, "date": time.strftime("%Y-%m-%d"),
-            "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
-            "source": source_version(), "control": not args.no_control,
-            "cpu_model": cpu_model(),
-            "cpus": sorted(args.cpus) if args.cpus else None,
+            "budget_s": args.budget, "rounds": args.rounds, **harness.host_info(),
+            "control": not args.no_control, "cpus": sorted(args.cpus) if args.cpus else None,
         }  # fmt: skip
         rows = {side: sides[side]["rows"] for side in sides}
         derived = derive(rows["native"], rows["relay"])
         if CONTROL in rows:
             add_control(derived, derive(rows["native"], rows[CONTROL]))
-        data = {"meta": meta, "rows": rows, "derived": derived}
+        data = {"meta": meta, "derived": derived}
+        if args.raw:  # every side's rows, with each round's median
+            data["rows"] = rows
     table = render(data["derived"], data["meta"])
-    print(table)
-    if args.json and not args.from_json:
-        Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
-    if args.table:
-        Path(args.table).write_text(table + "\n")
+    harness.write_outputs(args, None if args.from_json else data, table)
     if args.plot:
         plot(data["derived"], args.plot)
     return 0

@@ -11,12 +11,12 @@ where a relay row's "ref" names the native config it is compared with.
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from collections.abc import Callable
 
 import torch
+from harness import no_sync, time_calls
 from torch import nn
 
 # (model, small?) -> sizes. The full sizes are the issue's; --small is for CPU hosts.
@@ -39,33 +39,7 @@ def log(message: str) -> None:
 
 
 def make_sync(uses_cuda: bool) -> Callable[[], None]:
-    return torch.cuda.synchronize if uses_cuda else (lambda: None)
-
-
-def median_ms(
-    fn: Callable[[], object],
-    sync: Callable[[], None],
-    budget_s: float,
-    warmup: int = 3,
-    min_repeats: int = 5,
-    max_repeats: int = 1000,
-    per_sample: int = 1,
-) -> tuple[float, int]:
-    """Median ms per call of fn(); a sample is `per_sample` calls then one sync."""
-    for _ in range(warmup):
-        fn()
-    sync()
-    samples: list[float] = []
-    deadline = time.perf_counter() + budget_s
-    while len(samples) < max_repeats and (
-        len(samples) < min_repeats or time.perf_counter() < deadline
-    ):
-        start = time.perf_counter()
-        for _ in range(per_sample):
-            fn()
-        sync()
-        samples.append((time.perf_counter() - start) * 1e3 / per_sample)
-    return statistics.median(samples), len(samples)
+    return torch.cuda.synchronize if uses_cuda else no_sync
 
 
 # Training steps.
@@ -127,9 +101,9 @@ def train_step(spec: dict, args, sync: Callable[[], None]) -> tuple[dict, Callab
         optimizer.step()
         mark(time.perf_counter())
 
-    ms, repeats = median_ms(step, sync, args.budget, warmup=3, min_repeats=5, max_repeats=200)
-    log(f"train {spec['name']:<12} {spec['dtype']} {spec['config']:<15} {ms:9.3f} ms")
-    return {"median_ms": ms, "repeats": repeats}, step
+    timed = time_calls(step, sync, args.budget, max_repeats=200)
+    log(f"train {spec['name']:<12} {spec['dtype']} {spec['config']:<15} {timed.median:9.3f} ms")
+    return {"median_ms": timed.median, "repeats": timed.repeats}, step
 
 
 # Per-op overhead at 1K elements.
@@ -154,14 +128,14 @@ def per_op(spec: dict, args, sync: Callable[[], None]) -> dict:
     torch.manual_seed(0)
     inputs = tuple(t.to(spec["device"]) for t in make())
     fn = lambda: run(*inputs)  # noqa: E731
-    latency, n1 = median_ms(fn, sync, args.budget / 2, warmup=20, max_repeats=100_000)
-    throughput, n2 = median_ms(
+    latency = time_calls(fn, sync, args.budget / 2, warmup=20, max_repeats=100_000)
+    throughput = time_calls(
         fn, sync, args.budget / 2, warmup=20, max_repeats=100_000, per_sample=PER_OP_CALLS
     )
-    log(f"op    {spec['name']:<12} {spec['config']:<15} {latency * 1e3:8.2f} us  "
-        f"{throughput * 1e3:8.2f} us/call in a loop")  # fmt: skip
-    return {"latency_us": latency * 1e3, "throughput_us": throughput * 1e3,
-            "repeats": n1 + n2 * PER_OP_CALLS}  # fmt: skip
+    log(f"op    {spec['name']:<12} {spec['config']:<15} {latency.median * 1e3:8.2f} us  "
+        f"{throughput.median * 1e3:8.2f} us/call in a loop")  # fmt: skip
+    return {"latency_us": latency.median * 1e3, "throughput_us": throughput.median * 1e3,
+            "repeats": latency.repeats + throughput.repeats * PER_OP_CALLS}  # fmt: skip
 
 
 # The cross-home path: host data, an op on the GPU.
@@ -211,9 +185,9 @@ def cross_home(spec: dict, args, sync: Callable[[], None]) -> dict:
     else:
         moved = tuple(t.to(spec["device"]) for t in inputs)
         fn = lambda: run(*moved)  # noqa: E731
-    ms, repeats = median_ms(fn, sync, args.budget, max_repeats=200)
-    log(f"cross {spec['name']:<24} {spec['config']:<18} {ms:9.3f} ms")
-    return {"median_ms": ms, "repeats": repeats}
+    timed = time_calls(fn, sync, args.budget, max_repeats=200)
+    log(f"cross {spec['name']:<24} {spec['config']:<18} {timed.median:9.3f} ms")
+    return {"median_ms": timed.median, "repeats": timed.repeats}
 
 
 # Decoding: greedy generate() with a KV cache, the most launch-bound workload users run.
@@ -260,9 +234,10 @@ def decode(spec: dict, args, sync: Callable[[], None]) -> dict:
             )  # fmt: skip
         ids[:] = out[0].tolist()
 
-    ms, repeats = median_ms(generate, sync, args.budget, warmup=2, min_repeats=3, max_repeats=50)
+    timed = time_calls(generate, sync, args.budget, warmup=2, min_repeats=3, max_repeats=50)
+    ms = timed.median
     log(f"decode {spec['name']:<11} {spec['config']:<15} {ms:9.3f} ms  {new / ms * 1e3:8.1f} tok/s")
-    return {"median_ms": ms, "repeats": repeats, "tokens_per_s": new / ms * 1e3, "ids": ids}
+    return {"median_ms": ms, "repeats": timed.repeats, "tokens_per_s": new / ms * 1e3, "ids": ids}
 
 
 # CUDA graph replay: a captured forward, replayed in a loop.
@@ -285,10 +260,10 @@ def graph_replay(spec: dict, args, sync: Callable[[], None]) -> dict:
     graph = torch.cuda.CUDAGraph()
     with torch.no_grad(), torch.cuda.graph(graph):
         model(x)
-    ms, repeats = median_ms(graph.replay, sync, args.budget, warmup=10, max_repeats=10_000,
-                            per_sample=g["replays"])  # fmt: skip
-    log(f"graph  {spec['name']:<11} {spec['config']:<15} {ms * 1e3:9.2f} us per replay")
-    return {"median_ms": ms, "repeats": repeats * g["replays"]}
+    timed = time_calls(graph.replay, sync, args.budget, warmup=10, max_repeats=10_000,
+                       per_sample=g["replays"])  # fmt: skip
+    log(f"graph  {spec['name']:<11} {spec['config']:<15} {timed.median * 1e3:9.2f} us per replay")
+    return {"median_ms": timed.median, "repeats": timed.repeats * g["replays"]}
 
 
 def plan(side: str, device: str) -> list[dict]:

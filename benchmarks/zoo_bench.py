@@ -10,6 +10,8 @@ torch_fallback: pytorch/pytorch#161129), relay (CUDA target and home), and contr
 on every side back to back, in an order that rotates from round to round, so a
 slower host during a round slows all sides; a row's figure is the median of its
 per-round ratios, and the control's ratio is the noise floor of this host.
+--json writes the summary (medians, ratios and their quartiles, host and GPU); --raw
+adds each round's figures.
 
     python benchmarks/zoo_bench.py --device cuda --rounds 16 --json zoo.json
     python benchmarks/zoo_bench.py --device cpu --models bert,gpt2 --rounds 4
@@ -19,18 +21,15 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
-import platform
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+import harness
 
 ZOO_FILE = Path(__file__).resolve().parents[1] / "tests" / "models" / "zoo.py"
 SIDES = ("native", "relay", "control")
 MODES = ("infer-fp32", "infer-bf16", "train-fp32")
-MARK = "@@row "
 
 
 def load_zoo():
@@ -41,43 +40,6 @@ def load_zoo():
     sys.modules["zoo"] = module
     spec.loader.exec_module(module)
     return module
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
-class Side:
-    """A child process (this script with --side) measuring one row per request."""
-
-    def __init__(self, side: str, argv: list[str]) -> None:
-        command = [sys.executable, __file__, *argv, "--side", side]
-        self.side = side
-        self.process = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
-        )
-        self.hello = self.read()
-
-    def read(self) -> dict:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            if line.startswith(MARK):
-                return json.loads(line[len(MARK) :])
-        raise SystemExit(f"the {self.side} side failed (exit {self.process.wait()}); see above")
-
-    def measure(self, index: int) -> dict:
-        assert self.process.stdin is not None
-        self.process.stdin.write(f"{index}\n")
-        self.process.stdin.flush()
-        return self.read()
-
-    def close(self) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.close()
-        self.process.wait()
 
 
 def side_main(args: argparse.Namespace) -> int:
@@ -92,11 +54,10 @@ def side_main(args: argparse.Namespace) -> int:
     device = "relay" if args.side == "relay" else args.device
     zoo = load_zoo()
     plan = [{"model": m, "mode": mode} for m in args.models for mode in MODES]
-    meta = {"side": args.side, "torch": torch.__version__, "cpu": cpu_model()}
+    meta = {"side": args.side, "torch": torch.__version__}
     if args.device == "cuda":
         meta["gpu"] = torch.cuda.get_device_name(0)
-    print(MARK + json.dumps({"meta": meta, "plan": plan}), flush=True)
-    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    sync = torch.cuda.synchronize if args.device == "cuda" else harness.no_sync
     built: dict[tuple[str, str], tuple] = {}
 
     def prepared(name: str, mode: str):
@@ -127,8 +88,7 @@ def side_main(args: argparse.Namespace) -> int:
             with torch.no_grad():
                 model(**inputs)
 
-    for line in sys.stdin:
-        row = plan[int(line)]
+    def measure(row: dict) -> dict:
         model, inputs, optimizer = prepared(row["model"], row["mode"])
         train = row["mode"] == "train-fp32"
         model.train(train)
@@ -136,25 +96,18 @@ def side_main(args: argparse.Namespace) -> int:
         def call(model=model, inputs=inputs, optimizer=optimizer, train=train) -> None:
             step(model, inputs, optimizer, train)
 
-        for _ in range(3):  # warm-up: allocator, autotuning, lazy init
-            call()
-        sync()
-        times, deadline = [], time.perf_counter() + args.budget
-        while time.perf_counter() < deadline or len(times) < 5:
-            start = time.perf_counter()
-            call()
-            sync()
-            times.append((time.perf_counter() - start) * 1e3)
-        print(MARK + json.dumps({**row, "ms": statistics.median(times)}), flush=True)
-    return 0
+        # 3 warm-up calls (allocator, autotuning, lazy init), then --budget seconds
+        return {**row, "ms": harness.time_calls(call, sync, args.budget, max_repeats=None).median}
+
+    return harness.serve({"meta": meta}, plan, measure)
 
 
 def run(args: argparse.Namespace, forwarded: list[str]) -> dict:
-    sides = {side: Side(side, forwarded) for side in SIDES}
+    sides = {side: harness.SideProcess(__file__, side, forwarded) for side in SIDES}
     plan = sides["native"].hello["plan"]
     per_round: dict[str, list[list[float]]] = {side: [] for side in SIDES}
     for round_index in range(args.rounds):
-        order = SIDES[round_index % 3 :] + SIDES[: round_index % 3]
+        order = harness.rotated(SIDES, round_index)
         times: dict[str, list[float]] = {side: [0.0] * len(plan) for side in SIDES}
         for index in range(len(plan)):
             for side in order:
@@ -166,37 +119,34 @@ def run(args: argparse.Namespace, forwarded: list[str]) -> dict:
         side.close()
     rows = []
     for index, row in enumerate(plan):
-        native = [r[index] for r in per_round["native"]]
-        ratios = {
-            s: [r[index] / n for r, n in zip(per_round[s], native, strict=True)] for s in SIDES[1:]
-        }
+        times = {side: [r[index] for r in per_round[side]] for side in SIDES}
+        ratio = {s: harness.summarize(harness.paired(times[s], times["native"])) for s in SIDES[1:]}
         rows.append(
             {
                 **row,
-                "native_ms": statistics.median(native),
-                "relay_ms": statistics.median(r[index] for r in per_round["relay"]),
-                "relay_ratio": statistics.median(ratios["relay"]),
-                "relay_quartiles": quartiles(ratios["relay"]),
-                "control_ratio": statistics.median(ratios["control"]),
+                "native_ms": statistics.median(times["native"]),
+                "relay_ms": statistics.median(times["relay"]),
+                "relay_ratio": ratio["relay"]["median"],
+                "relay_quartiles": ratio["relay"]["quartiles"],
+                "control_ratio": ratio["control"]["median"],
+                "control_quartiles": ratio["control"]["quartiles"],
             }
         )
     meta = {**sides["relay"].hello["meta"], "rounds": args.rounds, "budget_s": args.budget}
+    meta |= harness.host_info()
     meta["command"] = " ".join(["python", "benchmarks/zoo_bench.py", *forwarded])
-    return {"meta": meta, "rows": rows}
-
-
-def quartiles(values: list[float]) -> list[float] | None:
-    if len(values) < 2:
-        return None
-    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return [q1, q3]
+    result = {"meta": meta, "rows": rows}
+    if args.raw:  # each round's ms, per side, in plan order
+        result["rounds_ms"] = {"plan": plan, **per_round}
+    return result
 
 
 def render(result: dict) -> str:
     meta = result["meta"]
     lines = [
         f"zoo speed, relay/native (median of {meta['rounds']} paired rounds; control = A/A)",
-        f"host: {meta['cpu']}; {meta.get('gpu', 'no GPU')}; torch {meta['torch']}",
+        f"host: {meta.get('cpu_model') or meta.get('cpu')}; {meta.get('gpu') or 'no GPU'}; "
+        f"torch {meta['torch']}",
         "",
         "| model | mode | native ms | relay ms | relay/native (quartiles) | control |",
         "| --- | --- | ---: | ---: | ---: | ---: |",
@@ -217,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="", help="comma-separated zoo names (default: all)")
     parser.add_argument("--rounds", type=int, default=16)
     parser.add_argument("--budget", type=float, default=0.1, help="seconds per measurement")
-    parser.add_argument("--json", help="write the results here")
+    harness.add_output_options(parser)
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
@@ -229,9 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.side:
         return side_main(args)
     result = run(args, argv)
-    print(render(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    harness.write_outputs(args, result, render(result))
     return 0
 
 

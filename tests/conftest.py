@@ -1,95 +1,35 @@
-"""Which tests a machine runs.
+"""Fixtures and markers of this project's tests.
 
-requires_cuda: needs a CUDA build of torch and a visible GPU. Without them the
-test skips with the reason, unless TORCH_FALLBACK_REQUIRE_GPU=1 (set by GPU
-runners), where a missing GPU fails the test: a GPU job that cannot see its GPU
-must not pass by skipping everything.
-
-cpu_wheel / cuda_wheel: behaviour of one kind of torch build; on the other kind
-the test skips with the reason (the matrix runs each kind in its own cell).
+The markers requires_cuda, requires_two_gpus, cpu_wheel and cuda_wheel, and the rules
+that skip them (TORCH_FALLBACK_REQUIRE_GPU=1 turns a missing GPU into a failure), come
+from the pytest plugin torch_fallback.testing.plugin, which backends use too. It imports
+torch_fallback, so it is loaded only where torch is installed; the tooling's tests
+(tests/matrix) run without torch, and there the markers are only registered.
 
 The fixtures `fallback_settings` and `placement` (target x home) serve the tests of
-the built extension (tests/extension, tests/models); they import torch_fallback
-only when a test asks for them, so the tooling's tests run without torch.
+the built extension (tests/library, tests/relay, tests/packaging, tests/models); they
+import torch_fallback only when a test asks for them.
 """
 
 from __future__ import annotations
 
-import os
+import importlib.util
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 
-REQUIRE_GPU_ENV = "TORCH_FALLBACK_REQUIRE_GPU"
+if importlib.util.find_spec("torch") is not None:
+    pytest_plugins = ["torch_fallback.testing.plugin"]
+else:
+    PLUGIN_MARKERS = ("requires_cuda", "requires_two_gpus", "cpu_wheel", "cuda_wheel")
 
-
-def gpu_requirement() -> bool:
-    return os.environ.get(REQUIRE_GPU_ENV, "").strip().lower() in {"1", "true", "yes"}
-
-
-def missing_gpu_reason() -> str | None:
-    """Why no GPU test can run here, or None when one can."""
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
-    if not torch.backends.cuda.is_built():
-        return f"torch {torch.__version__} was built without CUDA"
-    if torch.cuda.device_count() == 0:
-        return f"no CUDA GPU is visible (torch {torch.__version__})"
-    return None
-
-
-def visible_gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count()
-
-
-def torch_built_with_cuda() -> bool | None:
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch.backends.cuda.is_built()
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    checked = False
-    missing_gpu: str | None = None
-    built_with_cuda: bool | None = None
-    for item in items:
-        markers = {mark.name for mark in item.iter_markers()}
-        if not markers & {"requires_cuda", "requires_two_gpus", "cpu_wheel", "cuda_wheel"}:
-            continue
-        if not checked:
-            missing_gpu, built_with_cuda, checked = (
-                missing_gpu_reason(),
-                torch_built_with_cuda(),
-                True,
+    def pytest_configure(config: pytest.Config) -> None:
+        """Without torch, so that --strict-markers accepts the plugin's markers."""
+        for name in PLUGIN_MARKERS:
+            config.addinivalue_line(
+                "markers", f"{name}: see torch_fallback.testing.plugin (needs torch)"
             )
-        if "requires_cuda" in markers and missing_gpu is not None and not gpu_requirement():
-            item.add_marker(pytest.mark.skip(reason=f"requires_cuda: {missing_gpu}"))
-        elif "requires_two_gpus" in markers and missing_gpu is None and visible_gpus() < 2:
-            item.add_marker(pytest.mark.skip(reason=f"requires_two_gpus: {visible_gpus()} visible"))
-        if "cpu_wheel" in markers and built_with_cuda:
-            item.add_marker(pytest.mark.skip(reason="cpu_wheel: torch here is a CUDA build"))
-        if "cuda_wheel" in markers and built_with_cuda is False:
-            item.add_marker(pytest.mark.skip(reason="cuda_wheel: torch here is a CPU-only build"))
-
-
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    if item.get_closest_marker("requires_cuda") is None or not gpu_requirement():
-        return
-    missing_gpu = missing_gpu_reason()
-    if missing_gpu is not None:
-        pytest.fail(
-            f"{REQUIRE_GPU_ENV}=1 but {missing_gpu}: this runner is meant to have a GPU. "
-            "Check the runner's driver (nvidia-smi), the container's GPU passthrough and "
-            "CUDA_VISIBLE_DEVICES.",
-            pytrace=False,
-        )
 
 
 @dataclass(frozen=True)

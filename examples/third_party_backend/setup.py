@@ -18,6 +18,7 @@ except ImportError as error:  # pragma: no cover - depends on the build environm
         "isolation: pip install --no-build-isolation ."
     ) from error
 
+# [readme:setup]
 setup(
     ext_modules=[
         BackendExtension(
@@ -29,3 +30,4 @@ setup(
     cmdclass={"build_ext": BuildExtension},
     options=ABI3_WHEEL_OPTIONS,  # one cp310-abi3 wheel for every CPython from 3.10 on
 )
+# [/readme:setup]

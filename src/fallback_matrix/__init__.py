@@ -22,4 +22,5 @@ Python row  a cell's one abi3 wheel on another Python of its ``also_pythons``, t
 cache       the wheelhouses and the cells' cached environments, each kept under a size cap,
             least recently used pruned first, never an entry in use (``cache``)
 workflow    a GitHub workflow generated from the matrix (``workflows``, from workflows.yaml)
+error       a failure told to the user as-is, its class saying which and its exit code (``errors``)
 """

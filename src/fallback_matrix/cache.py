@@ -12,11 +12,14 @@ import fcntl
 import os
 import shutil
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fallback_matrix.errors import CapError
+
+CACHE_ENV = "FALLBACK_MATRIX_CACHE"  # the cache root instead of <repo>/.cache/fallback-matrix
 CAP_ENV = "FALLBACK_MATRIX_CACHE_CAP"
 DEFAULT_CAP = "20GB"
 IN_USE_SUFFIX = ".in-use"
@@ -35,8 +38,11 @@ UNITS = {
 NO_CAP = ("off", "none", "unlimited")
 
 
-class CapError(ValueError):
-    """A cap that cannot be read; the message says what to write instead."""
+def cache_root(repo: Path, environ: Mapping[str, str] = os.environ) -> Path:
+    """Where the host keeps the wheelhouses, the local runner's cache, the local index:
+    $FALLBACK_MATRIX_CACHE, else ``repo``/.cache/fallback-matrix."""
+    configured = environ.get(CACHE_ENV)
+    return Path(configured).resolve() if configured else repo / ".cache" / "fallback-matrix"
 
 
 def parse_cap(text: str) -> int | None:

@@ -21,6 +21,7 @@ from packaging.metadata import Metadata
 from packaging.version import Version
 
 from fallback_matrix.cache import in_use, prune
+from fallback_matrix.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, StepFailed
 from fallback_matrix.report import RESULT_FILE, Reporter, run_process, without_pip_config
 
 STEPS = (
@@ -87,10 +88,6 @@ class Job:
         return self.venv("-m", "pip", command, "--progress-bar", "off", *args)
 
 
-class StepFailed(Exception):
-    """A step failed; the message says what happened and what to do."""
-
-
 def run(command: Command, env: Mapping[str, str], cwd: Path | None = None) -> int:
     print(f"$ {' '.join(map(str, command))}", flush=True)
     return run_process(command, print, env=env, cwd=cwd)
@@ -126,6 +123,10 @@ def base_env(job: Job) -> Path:
     """The cached base venv of ``job``: named after its cell and a hash of what it holds."""
     content = {"python": sys.version, "base_prefix": sys.base_prefix, "groups": list(GROUPS)}
     content |= {"torch": f"torch=={job.torch}", "wheelhouse": Path(job.wheelhouse).name}
+    # what the groups hold: in a container the wheelhouse's mount point does not say
+    pyproject = Path(job.repo) / "pyproject.toml"
+    text = pyproject.read_bytes() if pyproject.is_file() else b""
+    content["pyproject"] = hashlib.sha256(text).hexdigest()
     key = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
     return Path(job.cache) / "envs" / f"{job.cell}-{key}"
 
@@ -438,7 +439,7 @@ def run_steps(job: Job) -> int:
             run(["ccache", "-s"], build)
         result["seconds"] = round(time.monotonic() - report.started, 1)
         (artifacts / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    return 0 if result["result"] == "passed" else 1
+    return EXIT_OK if result["result"] == "passed" else EXIT_FAILED
 
 
 def torch_matches(pin: str, version: str) -> bool:
@@ -457,12 +458,12 @@ def torch_pins(wheel: Path) -> list[str]:
 def main(argv: Sequence[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m fallback_matrix.job JOB_JSON")
-        return 2
+        return EXIT_USAGE
     try:
         job = Job(**json.loads(argv[0]))
     except (ValueError, TypeError) as error:  # TypeError: a missing or unknown key
         print(f"cannot read the job {argv[0][:200]}: {error}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     print(f"cell {job.cell}: python {sys.version.split()[0]} at {sys.executable}", flush=True)
     return run_steps(job)
 

@@ -4,7 +4,7 @@ the key path (``cells[1].torch``); all end up in one MatrixFileError."""
 
 import difflib
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple, cast, get_args
 
@@ -13,39 +13,12 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
+from .errors import MatrixError, MatrixFileError, Problem
+
 MATRIX_FILE_NAME = "matrix.yaml"
 VariantName = Literal["cpu", "cuda"]
 SelectionName = Literal["pr", "main"]
 KeyPath = tuple[str | int, ...]
-
-
-class MatrixError(Exception):
-    """An error whose message is meant for the user as-is; the CLI exits with ``exit_code``."""
-
-    exit_code = 2
-
-
-class CellError(MatrixError):
-    """Preparing a cell failed (its wheelhouse, its image): the cell fails, others go on."""
-
-    exit_code = 1
-
-
-class Problem(NamedTuple):
-    key_path: str
-    message: str
-    line: int | None = None
-
-
-class MatrixFileError(MatrixError):
-    def __init__(self, file: Path, problems: Sequence[Problem]) -> None:
-        self.problems = tuple(problems)
-        lines = [f"{file} is not a valid matrix ({len(problems)} problem(s)):"]
-        for key, message, line in problems:
-            at = f"{file}:{line}" if line else str(file)
-            lines.append(f"  {at}:{f' {key}:' if key else ''} {message}")
-        lines.append("Fix the file and run again; the comments at its top describe every key.")
-        super().__init__("\n".join(lines))
 
 
 # Every field's description is quoted when it is missing or wrong (_describe).

@@ -25,8 +25,8 @@ from docker.types import DeviceRequest, Mount
 import docker
 from docker import DockerClient
 
+from .errors import CellError, DockerUnavailableError, GpuUnavailableError, MatrixError
 from .job import Job
-from .matrix import CellError, MatrixError
 from .report import Reporter, run_process
 
 RunnerChoice = Literal["docker", "local", "auto"]
@@ -49,7 +49,7 @@ def connect_docker(timeout: int = 900) -> DockerClient:
         client = docker.from_env(timeout=timeout)
         client.ping()
     except docker.errors.DockerException as error:
-        raise MatrixError(
+        raise DockerUnavailableError(
             f"no Docker daemon answers ({str(error).splitlines()[0][:300]}). Start the Docker "
             "daemon (sudo systemctl start docker, or sudo dockerd), or use --runner local."
         ) from None
@@ -60,7 +60,7 @@ def docker_problem() -> str | None:
     """Why no Docker daemon answers (a probe of a few seconds); None when one does."""
     try:
         connect_docker(timeout=5).close()
-    except MatrixError as error:
+    except DockerUnavailableError as error:
         return str(error)
     return None
 
@@ -230,7 +230,7 @@ def run_container(
             container.start()
         except docker.errors.APIError as error:
             if create["device_requests"] and "gpu" in str(error).lower():
-                raise MatrixError(
+                raise GpuUnavailableError(
                     f"cell {job.cell}: Docker cannot give the container a GPU "
                     f"({error.explanation}). Install the NVIDIA Container Toolkit on this "
                     "machine, or run on a GPU runner"

@@ -16,8 +16,9 @@ from urllib.parse import urlparse
 import tomllib
 from packaging.utils import parse_wheel_filename
 
+from .errors import CellError
 from .job import GROUPS, PIP_WITH_GROUPS
-from .matrix import Cell, CellError
+from .matrix import Cell
 from .report import Reporter, run_process, without_pip_config
 from .runners import find_python
 

@@ -15,7 +15,8 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.scalarstring import LiteralScalarString
 
-from .matrix import Cell, LoadedMatrix, MatrixError, expand_cells, on_python
+from .errors import MatrixError
+from .matrix import Cell, LoadedMatrix, expand_cells, on_python
 from .wheelhouse import dependency_groups, wheelhouse_key, wheelhouse_name
 
 DATA: dict[str, Any] = YAML(typ="safe").load(Path(__file__).with_name("workflows.yaml"))

@@ -28,6 +28,7 @@ from .settings import (
 
 apply_environment()
 
+# The one place the version is written: setup.py reads it from this line.
 __version__ = "0.1.0"
 
 

@@ -54,7 +54,15 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 from . import get_include
 
-HEADERS = ("api.h", "fallback.h", "cuda.h", "cuda_functions.h", "python_module.h")
+HEADERS = (
+    "api.h",
+    "fallback.h",
+    "kernels.h",
+    "cuda.h",
+    "cuda_functions.h",
+    "python_module.h",
+    "detail/direct_kernel.h",
+)
 # setup(options=...): tag the wheel for CPython's stable ABI from 3.10 on.
 ABI3_WHEEL_OPTIONS = {"bdist_wheel": {"py_limited_api": "cp310"}}
 

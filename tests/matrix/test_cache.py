@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fallback_matrix import cli
+from fallback_matrix import running
 from fallback_matrix.cache import (
     CAP_ENV,
-    CapError,
     disk_usage,
     in_use,
     in_use_file,
@@ -22,8 +21,8 @@ from fallback_matrix.cache import (
     prune,
     scan,
 )
+from fallback_matrix.errors import CapError, MatrixError, StepFailed
 from fallback_matrix.job import Job, base_env, prune_envs
-from fallback_matrix.matrix import MatrixError
 from fallback_matrix.report import Reporter
 
 MB = 10**6
@@ -70,12 +69,12 @@ def test_a_wrong_cap_says_how_to_write_one(text: str) -> None:
 
 
 def test_the_option_wins_over_the_variable_which_wins_over_the_default() -> None:
-    assert cli.cache_cap("1G", {CAP_ENV: "2G"}) == 10**9
-    assert cli.cache_cap(None, {CAP_ENV: "2G"}) == 2 * 10**9
-    assert cli.cache_cap(None, {}) == 20 * 10**9
-    assert cli.cache_cap(None, {CAP_ENV: "off"}) is None
+    assert running.cache_cap("1G", {CAP_ENV: "2G"}) == 10**9
+    assert running.cache_cap(None, {CAP_ENV: "2G"}) == 2 * 10**9
+    assert running.cache_cap(None, {}) == 20 * 10**9
+    assert running.cache_cap(None, {CAP_ENV: "off"}) is None
     with pytest.raises(MatrixError, match="not a size"):
-        cli.cache_cap(None, {CAP_ENV: "lots"})
+        running.cache_cap(None, {CAP_ENV: "lots"})
 
 
 # --- pruning -------------------------------------------------------------------------------------
@@ -230,6 +229,18 @@ def test_the_job_prunes_other_environments_and_keeps_its_own(
     assert "freed " in output
 
 
+def test_new_dependency_groups_get_a_new_environment(tmp_path: Path) -> None:
+    # in a container the wheelhouse's mount point is the same whatever it holds
+    job = job_with_cache(tmp_path, None)
+    (tmp_path / "repo").mkdir()
+    pyproject = tmp_path / "repo" / "pyproject.toml"
+    pyproject.write_text('[dependency-groups]\nbuild = ["auditwheel"]\n')
+    before = base_env(job)
+    pyproject.write_text('[dependency-groups]\nbuild = ["auditwheel", "abi3audit"]\n')
+    assert base_env(job) != before
+    assert base_env(job).parent == before.parent
+
+
 def test_no_cap_prunes_nothing_and_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -278,7 +289,7 @@ def test_a_cell_run_prunes_the_wheelhouses_but_its_own(
         os.utime(path, (stamp + age * DAY, stamp + age * DAY))  # this cell's is the oldest
     runner = FakeRunner()
     out = tmp_path / "out" / "cpu"
-    result = cli.run_cell(matrix, cell, runner, out, Reporter(), cache_cap=150 * 1024)
+    result = running.run_cell(matrix, cell, runner, out, Reporter(), cache_cap=150 * 1024)
     assert result["error"] is None
     assert sorted(path.name for path in runner.wheelhouses) == sorted(
         [mine.name, "torch-2.15.0-py3.13-n3w"]
@@ -306,10 +317,10 @@ def test_the_job_holds_its_environment_in_use_while_it_runs(
                 held.append(False)
             except BlockingIOError:
                 held.append(True)
-        raise job_module.StepFailed("stop here")
+        raise StepFailed("stop here")
 
     monkeypatch.setattr(job_module, "create_envs", create_envs)
-    assert job_module.run_steps(job) == 1
+    assert job_module.run_steps(job) == StepFailed.exit_code
     assert held == [True]
     with in_use_file(base_env(job)).open("a") as pruner:  # released when the job ends
         fcntl.flock(pruner, fcntl.LOCK_EX | fcntl.LOCK_NB)

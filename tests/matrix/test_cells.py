@@ -8,10 +8,9 @@ from typing import Any
 
 import pytest
 
+from fallback_matrix.errors import MatrixError, MatrixFileError
 from fallback_matrix.matrix import (
-    MatrixError,
     MatrixFile,
-    MatrixFileError,
     expand_cells,
     load_matrix,
     parse_index_override,
@@ -119,16 +118,19 @@ def test_nox_s_tests_runs_the_tooling_tests_its_markers_select(
 ) -> None:
     """`nox -s tests` leaves out what project_tests.tooling_markers deselects (the slow
     Docker tests); `nox -s tooling-tests` runs every tooling test."""
-    from fallback_matrix import cli
+    from fallback_matrix import running
     from fallback_matrix.matrix import load_matrix
+    from fallback_matrix.report import Reporter
 
     matrix_data["project_tests"]["tooling_markers"] = "not slow"
     matrix = load_matrix(write_matrix(matrix_data))
     commands: list[list[str]] = []
-    monkeypatch.setattr(cli.subprocess, "call", lambda command, **_: commands.append(command) or 0)
-    reporter = cli.Reporter()
-    cli.run_tooling_tests(matrix, tmp_path, reporter, matrix.spec.project_tests.tooling_markers)
-    cli.run_tooling_tests(matrix, tmp_path, reporter)
+    monkeypatch.setattr(
+        running.subprocess, "call", lambda command, **_: commands.append(command) or 0
+    )
+    reporter = Reporter()
+    running.run_tooling_tests(matrix, tmp_path, reporter, matrix.spec.project_tests.tooling_markers)
+    running.run_tooling_tests(matrix, tmp_path, reporter)
     selected, everything = commands
     assert selected[-2:] == ["-m", "not slow"]
     assert everything[-2] != "-m" and "not slow" not in everything

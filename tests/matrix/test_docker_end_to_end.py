@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from fallback_matrix.cli import run_cell
 from fallback_matrix.job import Job
 from fallback_matrix.matrix import Cell, expand_cells, load_matrix, pick_cells
 from fallback_matrix.report import Reporter
@@ -30,6 +29,7 @@ from fallback_matrix.runners import (
     plan_image,
     run_container,
 )
+from fallback_matrix.running import run_cell
 from fallback_matrix.wheelhouse import MANIFEST_NAME, dependency_groups, wheelhouse_name
 
 pytestmark = pytest.mark.docker

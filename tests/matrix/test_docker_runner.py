@@ -16,15 +16,9 @@ from unittest.mock import MagicMock
 import pytest
 
 import docker
-from fallback_matrix.cli import make_job
+from fallback_matrix.errors import CellError, GpuUnavailableError, MatrixError
 from fallback_matrix.job import Job
-from fallback_matrix.matrix import (
-    CellError,
-    LoadedMatrix,
-    MatrixError,
-    MatrixFile,
-    expand_cells,
-)
+from fallback_matrix.matrix import LoadedMatrix, MatrixFile, expand_cells
 from fallback_matrix.runners import (
     CELL_LABEL,
     LABEL,
@@ -36,6 +30,7 @@ from fallback_matrix.runners import (
     plan_container,
     run_container,
 )
+from fallback_matrix.running import make_job
 
 
 @pytest.fixture
@@ -219,7 +214,9 @@ def test_gpu_request_without_gpu_support_is_explained(work: Job, cell_log: Any) 
     )
     client = fake_client(container)
     plan = plan_container(dataclasses.replace(work, gpus=True), "img")
-    with pytest.raises(MatrixError, match="cell cpu: Docker cannot give the container a GPU"):
+    with pytest.raises(
+        GpuUnavailableError, match="cell cpu: Docker cannot give the container a GPU"
+    ):
         run_container(client, *plan, cell_log, Path(work.artifacts))
     assert client.containers.create.call_args.kwargs["device_requests"][0]["Capabilities"] == [
         ["gpu"]

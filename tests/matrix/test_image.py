@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from fallback_matrix.cli import make_job
+from fallback_matrix.errors import CellError, MatrixError
 from fallback_matrix.job import Job
-from fallback_matrix.matrix import CellError, LoadedMatrix, MatrixError, MatrixFile, expand_cells
+from fallback_matrix.matrix import LoadedMatrix, MatrixFile, expand_cells
 from fallback_matrix.runners import LABEL, plan_image
+from fallback_matrix.running import make_job
 
 BASE = "python:3.11-slim-bookworm"
 

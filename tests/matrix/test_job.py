@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from fallback_matrix import cache, report
+from fallback_matrix import cache, errors, report
 from fallback_matrix import job as job_module
+from fallback_matrix.errors import EXIT_USAGE, StepFailed
 from fallback_matrix.job import (
     Job,
-    StepFailed,
     locked,
     run_tests,
     sync_sources,
@@ -46,10 +46,10 @@ JOB = Job(
 )
 
 
-@pytest.mark.parametrize("module", [job_module, report, cache])
+@pytest.mark.parametrize("module", [job_module, report, cache, errors])
 def test_what_a_cell_runs_first_needs_only_the_standard_library(module: Any) -> None:
-    """The job starts on an image's bare Python: it and the reporter and cache pruning it
-    shares with the host import nothing else but packaging (from the wheelhouse's wheel, on
+    """The job starts on an image's bare Python: it and the reporter, cache pruning and errors
+    it shares with the host import nothing else but packaging (from the wheelhouse's wheel, on
     its PYTHONPATH)."""
     tree = ast.parse(Path(module.__file__).read_text())
     imported = set()
@@ -60,7 +60,12 @@ def test_what_a_cell_runs_first_needs_only_the_standard_library(module: Any) -> 
             assert node.level == 0, "the job runs as python -m: absolute imports"
             imported.add(node.module or "")
     third_party = {name for name in imported if name.split(".")[0] not in sys.stdlib_module_names}
-    allowed = {"__future__", "fallback_matrix.report", "fallback_matrix.cache"}
+    allowed = {
+        "__future__",
+        "fallback_matrix.report",
+        "fallback_matrix.cache",
+        "fallback_matrix.errors",
+    }
     allowed |= {"packaging.metadata", "packaging.version"}
     assert third_party - allowed == set()
 
@@ -74,10 +79,10 @@ def test_job_file_with_wrong_keys_is_refused(
 ) -> None:
     data = json.loads(JOB.to_json())
     data["colour"] = "blue"
-    assert job_module.main([json.dumps(data)]) == 2
+    assert job_module.main([json.dumps(data)]) == EXIT_USAGE
     assert "cannot read the job" in (error := capsys.readouterr().err) and "colour" in error
     del data["colour"], data["cell"]
-    assert job_module.main([json.dumps(data)]) == 2
+    assert job_module.main([json.dumps(data)]) == EXIT_USAGE
     assert "'cell'" in capsys.readouterr().err
 
 
@@ -348,7 +353,7 @@ def test_a_wheel_off_the_stable_abi_fails_the_step(
         return subprocess.CompletedProcess(command, audit_status, "", "PyObject_GetBuffer: 3.11+")
 
     monkeypatch.setattr(job_module.subprocess, "run", fake_audit)
-    with pytest.raises(job_module.StepFailed, match=message):
+    with pytest.raises(StepFailed, match=message):
         job_module.audit_stable_abi(job, tmp_path / name, {})
     assert audited == ([] if "cp311" in name else [str(tmp_path / name)])
 

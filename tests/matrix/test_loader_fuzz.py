@@ -8,7 +8,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fallback_matrix.matrix import MatrixFileError, load_matrix
+from fallback_matrix.errors import MatrixFileError
+from fallback_matrix.matrix import load_matrix
 
 # tmp_path is shared by the examples of one test; each example overwrites the file.
 FIXTURE_OK = [HealthCheck.function_scoped_fixture]

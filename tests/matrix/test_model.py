@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from fallback_matrix import cli
-from fallback_matrix.matrix import MatrixFileError, format_key_path, load_matrix
+from fallback_matrix.errors import EXIT_USAGE, MatrixFileError
+from fallback_matrix.matrix import format_key_path, load_matrix
 
 
 def problems_of(path: Path) -> str:
@@ -194,7 +195,7 @@ def test_cli_prints_the_problem_not_a_traceback(
     path = write_matrix("version: [1\n")
     status = cli.main(["--matrix", str(path), "list"])
     output = capsys.readouterr()
-    assert status == cli.EXIT_USAGE
+    assert status == EXIT_USAGE
     assert "invalid YAML" in output.out + output.err
     assert "Traceback" not in output.out + output.err
 

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from fallback_matrix import cli
-from fallback_matrix.cli import collect_dist
-from fallback_matrix.matrix import MatrixError, MatrixFile, expand_cells
+from fallback_matrix import cli, release
+from fallback_matrix.errors import EXIT_OK, EXIT_USAGE, MatrixError
+from fallback_matrix.matrix import MatrixFile, expand_cells
+from fallback_matrix.release import collect_dist
 
 PLAIN = "torch_fallback-0.1.0-cp311-cp311-manylinux_2_34_x86_64.whl"
 
@@ -72,13 +73,13 @@ def test_dist_command_reads_the_tag_from_github(
 ) -> None:
     matrix = write_matrix(matrix_data)
     put(tmp_path / "artifacts", "cuda", PLAIN)
-    monkeypatch.setattr(cli, "build_sdist", fake_sdist("0.1.0"))
+    monkeypatch.setattr(release, "build_sdist", fake_sdist("0.1.0"))
     args = ["--matrix", str(matrix), "dist", "cuda", "--artifacts", str(tmp_path / "artifacts")]
     args += ["--out", str(tmp_path / "dist")]
     monkeypatch.setenv("GITHUB_REF_NAME", "v0.9.0")
-    assert cli.main(args) == cli.EXIT_USAGE  # 0.1.0 is not v0.9.0
+    assert cli.main(args) == EXIT_USAGE  # 0.1.0 is not v0.9.0
     monkeypatch.setenv("GITHUB_REF_NAME", "v0.1.0")
-    assert cli.main(args) == cli.EXIT_OK
+    assert cli.main(args) == EXIT_OK
     assert (tmp_path / "dist" / PLAIN).is_file()
     assert (tmp_path / "dist" / "torch_fallback-0.1.0.tar.gz").is_file()
 
@@ -97,10 +98,10 @@ def test_an_sdist_of_another_version_than_the_tag_is_not_published(
     tmp_path: Path, write_matrix: Any, matrix_data: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     put(tmp_path / "artifacts", "cuda", PLAIN)
-    monkeypatch.setattr(cli, "build_sdist", fake_sdist("0.2.0"))
+    monkeypatch.setattr(release, "build_sdist", fake_sdist("0.2.0"))
     args = ["--matrix", str(write_matrix(matrix_data)), "dist", "cuda", "--tag", "v0.1.0"]
     args += ["--artifacts", str(tmp_path / "artifacts"), "--out", str(tmp_path / "dist")]
-    assert cli.main(args) == cli.EXIT_USAGE
+    assert cli.main(args) == EXIT_USAGE
 
 
 def test_a_wheel_built_without_torch_stops_at_once_saying_what_to_do(
@@ -122,7 +123,7 @@ def test_a_wheel_built_without_torch_stops_at_once_saying_what_to_do(
 def test_the_sdist_holds_the_sources_and_builds_without_torch(
     repo_root: Path, tmp_path: Path, reporter: Any
 ) -> None:
-    sdist = cli.build_sdist(repo_root, tmp_path, reporter)
+    sdist = release.build_sdist(repo_root, tmp_path, reporter)
     with tarfile.open(sdist) as archive:
         names = {
             Path(name).relative_to(sdist.name.removesuffix(".tar.gz")).as_posix()
@@ -131,7 +132,7 @@ def test_the_sdist_holds_the_sources_and_builds_without_torch(
     for required in (
         "setup.py",
         "pyproject.toml",
-        "src/torch_fallback/csrc/fallback.cpp",
+        "src/torch_fallback/csrc/boxed_call.cpp",
         "src/torch_fallback/relay/csrc/relay.h",
         "src/torch_fallback/include/torch_fallback/python_module.h",
     ):

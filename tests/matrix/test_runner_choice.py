@@ -10,7 +10,7 @@ import pytest
 
 import docker
 from fallback_matrix import runners
-from fallback_matrix.matrix import MatrixError
+from fallback_matrix.errors import EXIT_OK, DockerUnavailableError, MatrixError
 from fallback_matrix.report import Reporter
 from fallback_matrix.runners import (
     choose_runner,
@@ -31,7 +31,7 @@ def no_daemon(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_no_daemon_says_how_to_start_one_or_use_local(no_daemon: None) -> None:
-    with pytest.raises(MatrixError) as caught:
+    with pytest.raises(DockerUnavailableError) as caught:
         connect_docker()
     message = str(caught.value)
     assert "no Docker daemon answers" in message
@@ -40,7 +40,7 @@ def test_no_daemon_says_how_to_start_one_or_use_local(no_daemon: None) -> None:
 
 
 def test_asking_for_docker_without_a_daemon_fails_clearly(no_daemon: None) -> None:
-    with pytest.raises(MatrixError, match="Start the Docker daemon"):
+    with pytest.raises(DockerUnavailableError, match="Start the Docker daemon"):
         choose_runner("docker")
 
 
@@ -87,7 +87,6 @@ def test_a_python_of_another_version_is_found_under_pyenv(
 ) -> None:
 
     from fallback_matrix import runners as local
-    from fallback_matrix.matrix import MatrixError
 
     monkeypatch.setenv("PYENV_ROOT", str(tmp_path))
     monkeypatch.setattr(shutil, "which", lambda name: None)
@@ -121,8 +120,8 @@ def test_run_cell_gives_the_job_its_wheelhouse_and_records_the_result(
 ) -> None:
     import json
 
-    from fallback_matrix.cli import run_cell
     from fallback_matrix.matrix import expand_cells, load_matrix, pick_cells
+    from fallback_matrix.running import run_cell
     from fallback_matrix.wheelhouse import MANIFEST_NAME, dependency_groups, wheelhouse_name
 
     monkeypatch.setenv("FALLBACK_MATRIX_CACHE", str(tmp_path / "cache"))
@@ -167,7 +166,7 @@ def test_clean_removes_leftovers_and_with_caches_the_caches(
     monkeypatch.setattr(runners, "connect_docker", lambda: client)
     matrix = ["--matrix", str(repo_root / "matrix.yaml")]
 
-    assert cli.main([*matrix, "clean"]) == cli.EXIT_OK
+    assert cli.main([*matrix, "clean"]) == EXIT_OK
     assert client.containers.list.call_args.kwargs["filters"] == {"label": runners.LABEL}
     leftover.remove.assert_called_once_with(force=True)
     assert not (cache / "wheelhouse" / ".torch-x.partial").exists()
@@ -177,6 +176,6 @@ def test_clean_removes_leftovers_and_with_caches_the_caches(
     run_dir = tmp_path / "run-cache"  # a host directory as the Docker cache (a GPU job's)
     (run_dir / "ccache").mkdir(parents=True)
     monkeypatch.setenv(runners.DOCKER_CACHE_ENV, str(run_dir))
-    assert cli.main([*matrix, "clean", "--caches"]) == cli.EXIT_OK
+    assert cli.main([*matrix, "clean", "--caches"]) == EXIT_OK
     assert client.volumes.list.call_args.kwargs["filters"] == {"name": runners.CACHE_VOLUME}
     assert not cache.exists() and not run_dir.exists()

@@ -10,6 +10,7 @@ import pytest
 from rich.console import Console
 
 from fallback_matrix import cli
+from fallback_matrix.errors import EXIT_FAILED
 from fallback_matrix.summary import (
     JUnitCounts,
     closing_line,
@@ -157,7 +158,7 @@ def test_summary_command_writes_github_markdown(
     record["error"] = "cell cuda failed in a container (exit status 1); log: cuda/cell.log"
     (artifacts / "cuda" / "result.json").write_text(json.dumps(record))
     status = cli.main(["summary", "--artifacts", str(artifacts)])
-    assert status == cli.EXIT_FAILED  # the cuda cell failed
+    assert status == EXIT_FAILED  # the cuda cell failed
     assert "| cuda | docker |" in step_summary.read_text()
     output = capsys.readouterr().out
     assert "matrix: 16 passed, 2 failed, 5 skipped" in output

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from fallback_matrix import matrix, wheelhouse
-from fallback_matrix.matrix import Cell, CellError, ImageSpec, IndexUrl
+from fallback_matrix.errors import CellError
+from fallback_matrix.matrix import Cell, ImageSpec, IndexUrl
 from fallback_matrix.wheelhouse import (
     MANIFEST_NAME,
     dependency_groups,

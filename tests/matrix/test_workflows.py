@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from fallback_matrix import cli
+from fallback_matrix.errors import EXIT_OK, EXIT_USAGE, MatrixError
 from fallback_matrix.matrix import expand_cells, load_matrix
 from fallback_matrix.workflows import (
     ACTIONS,
@@ -257,7 +258,6 @@ def test_gpu_job_takes_labels_from_the_matrix_and_requires_a_gpu(
 def test_gpu_cell_without_a_build_cell_is_an_error(
     write_matrix: Any, matrix_data: dict[str, Any]
 ) -> None:
-    from fallback_matrix.matrix import MatrixError
 
     matrix_data["cells"][2]["torch"] = "2.14.0"
     with pytest.raises(MatrixError, match=r"cuda-gpu.*no build cell"):
@@ -360,11 +360,11 @@ def test_the_cross_command_tests_the_source_cells_wheel_in_the_target_cell(
 
     def run(context: Any, cells: list[Any], title: str, **options: Any) -> int:
         runs.append((cells, options))
-        return cli.EXIT_OK
+        return EXIT_OK
 
     monkeypatch.setattr(cli.Context, "run", run)
     arguments = ["--matrix", str(matrix), "cross", "cross-cuda-on-cpu-same"]
-    assert cli.main([*arguments, "--artifacts", str(artifacts)]) == cli.EXIT_OK
+    assert cli.main([*arguments, "--artifacts", str(artifacts)]) == EXIT_OK
     ((cell,), options) = runs[0]
     assert (cell.name, cell.torch, cell.tests.markers) == (
         "cross-cuda-on-cpu-same",
@@ -383,7 +383,7 @@ def test_an_unknown_cross_test_names_the_ones_there_are(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     matrix = write_matrix(_cross_matrix(matrix_data))
-    assert cli.main(["--matrix", str(matrix), "cross", "cross-cpu-on-cuda"]) == 2
+    assert cli.main(["--matrix", str(matrix), "cross", "cross-cpu-on-cuda"]) == EXIT_USAGE
     error = capsys.readouterr().out
     assert "no wheel test 'cross-cpu-on-cuda' in matrix.yaml" in error
     assert "cross-cpu-same-on-cuda, cross-cuda-on-cpu-same" in error
@@ -397,7 +397,7 @@ def test_a_cross_test_without_the_source_wheel_says_which_build_makes_it(
 ) -> None:
     matrix = write_matrix(_cross_matrix(matrix_data))
     arguments = ["--matrix", str(matrix), "cross", "cross-cuda-on-cpu-same"]
-    assert cli.main([*arguments, "--artifacts", str(tmp_path / "none")]) == 2
+    assert cli.main([*arguments, "--artifacts", str(tmp_path / "none")]) == EXIT_USAGE
     assert "nox -s build-cuda puts it in artifacts/cuda/" in capsys.readouterr().out
 
 
@@ -560,7 +560,6 @@ def test_release_builds_tests_and_publishes_with_trusted_publishing(
 
 
 def test_a_release_needs_a_pypi_cell(write_matrix: Any, matrix_data: dict[str, Any]) -> None:
-    from fallback_matrix.matrix import MatrixError
 
     del matrix_data["cells"][1]["pypi"]
     with pytest.raises(MatrixError, match="no cell has pypi: true"):

@@ -54,4 +54,6 @@ TORCH_LIBRARY(tinydev, m) {
   m.def("cuda_symbol_providers", &cuda_symbol_providers);
 }
 
+// [readme:module]
 TORCH_FALLBACK_PYTHON_MODULE(_C, "tinydev: a PrivateUse1 device whose unimplemented ops run through torch-fallback")
+// [/readme:module]

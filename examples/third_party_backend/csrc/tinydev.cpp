@@ -16,6 +16,7 @@
 #include <torch/library.h>
 
 #include <torch_fallback/fallback.h>
+#include <torch_fallback/kernels.h>
 
 #include <atomic>
 #include <cstring>
@@ -80,6 +81,7 @@ void resize_storage_bytes(const c10::Storage& storage, size_t nbytes) {
 
 // ---- the adapter: how torch-fallback sees tinydev's memory ------------------
 
+// [readme:adapter]
 // Every tinydev storage lives in host memory.
 c10::Device home_device(const c10::Storage& storage) {
   check_tinydev_storage(storage);
@@ -114,6 +116,7 @@ const torch_fallback::BackendAdapter& adapter() {
       kTinydev, &home_device, &home_storage, &output_home, &adopt};
   return instance;
 }
+// [/readme:adapter]
 
 // ---- native kernels: tinydev's memory -------------------------------------
 
@@ -218,6 +221,7 @@ int64_t live_allocations() { return g_live_allocations.load(std::memory_order_re
 
 // ---- registration ----------------------------------------------------------
 
+// [readme:registration]
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
   m.impl("empty_strided", TORCH_FN(empty_strided));
@@ -229,5 +233,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch_fallback::boxed_fallback_for<&adapter>());
 }
+// [/readme:registration]
 
 }  // namespace tinydev

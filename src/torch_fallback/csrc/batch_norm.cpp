@@ -2,7 +2,7 @@
 // kernels where PyTorch would choose them for CUDA tensors, else the target's
 // native_batch_norm. DirectKernel gives these the views of the call's tensors;
 // the boxed fallback runs them through cuda_runner (home memory off the GPU).
-#include <torch_fallback/fallback.h>
+#include <torch_fallback/detail/direct_kernel.h>
 
 #include "decompositions.h"
 

@@ -431,8 +431,8 @@ void serve_home(const c10::intrusive_ptr<c10d::ProcessGroup>& group, const std::
                 const std::optional<c10::intrusive_ptr<c10d::ProcessGroup>>& cuda_carrier) {
   auto engine = [](const std::optional<c10::intrusive_ptr<c10d::ProcessGroup>>& carrier,
                    c10::DeviceType type) -> c10::intrusive_ptr<c10d::Backend> {
-    if (!carrier || !(*carrier)->hasBackendForDeviceType(type)) return nullptr;
-    return (*carrier)->getBackend(type);
+    // A carrier holds its engine for `type` (torch_fallback.distributed registers it).
+    return carrier ? (*carrier)->getBackend(type) : nullptr;
   };
   auto backend = c10::make_intrusive<HomeBackend>(
       c10::Device(device_type).type(), static_cast<int>(group->getRank()),

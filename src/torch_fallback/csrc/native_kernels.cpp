@@ -1,6 +1,6 @@
 // Kernels every backend needs natively and that depend on no backend's memory:
 // metadata-only views, and the list of ops sent to the fallback whole.
-#include <torch_fallback/fallback.h>
+#include <torch_fallback/kernels.h>
 
 #include <array>
 #include <atomic>
@@ -83,13 +83,17 @@ using SdpChoiceFn = decltype(at::native::_fused_sdp_choice_stub)::FnPtr;
 
 }  // namespace
 
-void register_view_kernels(torch::Library& aten) {
-  aten.impl("as_strided", TORCH_FN(as_strided));
-  aten.impl("view", TORCH_FN(view));
-  aten.impl("_reshape_alias", TORCH_FN(reshape_alias));
-  aten.impl("unfold", TORCH_FN(unfold));
-  aten.impl("view_as_real", TORCH_FN(at::native::view_as_real));
-  aten.impl("view_as_complex", TORCH_FN(at::native::view_as_complex));
+void register_view_kernels(torch::Library& aten, c10::DeviceType device_type) {
+  // The backend's own views, registered before, stay.
+  const auto impl = [&](const char* name, auto&& kernel) {
+    if (!detail::has_kernel(name, device_type)) aten.impl(name, std::forward<decltype(kernel)>(kernel));
+  };
+  impl("as_strided", TORCH_FN(as_strided));
+  impl("view", TORCH_FN(view));
+  impl("_reshape_alias", TORCH_FN(reshape_alias));
+  impl("unfold", TORCH_FN(unfold));
+  impl("view_as_real", TORCH_FN(at::native::view_as_real));
+  impl("view_as_complex", TORCH_FN(at::native::view_as_complex));
 }
 
 // Ops with their own CPU or CUDA kernel and a composite one that other devices
@@ -215,6 +219,9 @@ bool has_kernel(const std::string& name, c10::DeviceType device_type) {
 }
 
 void register_sdp_choice() {
+  // DispatchStub cannot be asked whether a backend set this pointer itself
+  // (is_device_supported's helper is not exported): a backend with its own
+  // choice sets it after register_kernels.
   at::native::_fused_sdp_choice_stub.set_privateuse1_dispatch_ptr(&SdpChoice<SdpChoiceFn>::choose);
 }
 

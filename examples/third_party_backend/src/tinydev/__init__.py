@@ -15,12 +15,15 @@ import sys
 
 import torch
 
+# [readme:import-order]
 # Before the extension: it leaves torch-fallback's API and the c10::cuda
 # functions undefined, and `import torch_fallback` puts both in the global
 # symbol scope (c10::cuda from libc10_cuda.so, or from torch-fallback's stub
 # on a CPU-only PyTorch).
 import torch_fallback
 import torch_fallback.distributed
+
+# [/readme:import-order]
 
 NAME = "tinydev"
 

@@ -6,3 +6,7 @@
 // them at load time without linking against the library: it needs only these
 // headers (torch_fallback.get_include()).
 #define TORCH_FALLBACK_API __attribute__((visibility("default")))
+
+// The version of the stable C++ API (see fallback.h): raised whenever a stable
+// declaration changes, so a backend can check what it builds against.
+#define TORCH_FALLBACK_API_VERSION 1

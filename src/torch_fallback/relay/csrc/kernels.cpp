@@ -9,6 +9,8 @@
 #include <c10/core/impl/COW.h>
 #include <torch/library.h>
 
+#include <torch_fallback/kernels.h>
+
 #include "relay.h"
 
 namespace torch_fallback::relay {

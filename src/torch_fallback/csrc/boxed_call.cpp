@@ -1,310 +1,20 @@
 // The boxed fallback: generalized from at::native::cpu_fallback to a target
 // device (CPU or CUDA), zero-copy wherever a backend tensor's memory already
 // lives on the target.
-#include <torch_fallback/fallback.h>
+#include "call_support.h"
 
-#include <chrono>
-#include <optional>
-
-#include <ATen/MemoryOverlap.h>
-#include <ATen/NestedTensorImpl.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/_copy_from_and_resize.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
-#include <c10/core/impl/TorchDispatchModeTLS.h>
-#include <torch_fallback/cuda.h>
-
-#include <mutex>
-#include <thread>
-#include <typeinfo>
 
 #include "decompositions.h"
 #include "metrics.h"
-#include "op_rules.h"
-#include "settings.h"
 #include "small_map.h"
-#include "tensors.h"
 
 namespace torch_fallback {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-uint64_t nbytes(const at::Tensor& tensor) {
-  return static_cast<uint64_t>(tensor.numel()) * tensor.element_size();
-}
-
-bool same_geometry(const at::Tensor& a, const at::Tensor& b) {
-  return a.sizes() == b.sizes() && a.strides() == b.strides() &&
-         a.storage_offset() == b.storage_offset();
-}
-
-// Bytes [first, end) of a storage that `tensor` may touch.
-std::pair<int64_t, int64_t> byte_extent(const at::Tensor& tensor) {
-  const int64_t item = static_cast<int64_t>(tensor.element_size());
-  int64_t last = tensor.storage_offset();
-  for (int64_t d = 0; d < tensor.dim(); ++d) {
-    if (tensor.size(d) == 0) return {tensor.storage_offset() * item, tensor.storage_offset() * item};
-    last += (tensor.size(d) - 1) * tensor.stride(d);
-  }
-  return {tensor.storage_offset() * item, (last + 1) * item};
-}
-
-void release_storage_reference(void* ctx) { delete static_cast<c10::Storage*>(ctx); }
-
-// Gives `impl` the geometry of `like`; lazy conjugation and negation travel as
-// bits, not data.
-void take_geometry(c10::TensorImpl* impl, const at::Tensor& like) {
-  // A TensorImpl from the pool often has it already (ops of one shape come in a
-  // row); its contiguity flags then still hold and need no recomputing.
-  if (impl->storage_offset() != like.storage_offset() || impl->sizes() != like.sizes() ||
-      impl->strides() != like.strides()) {
-    impl->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
-  }
-  impl->_set_conj(like.is_conj());
-  impl->_set_neg(like.is_neg());
-}
-
-// The thread that loads the library: the main thread, which imports it.
-const std::thread::id g_loading_thread = std::this_thread::get_id();
-
-// A resizable storage over `home`'s bytes that keeps `backend` (whose memory
-// they are) alive; a resize gives it new memory and leaves both untouched.
-c10::Storage resizable_alias(const c10::Storage& backend, const c10::Storage& home) {
-  const c10::Device device = home.device();
-  c10::DataPtr data(const_cast<void*>(home.data()), new c10::Storage(backend),
-                    &release_storage_reference, device);
-  return c10::Storage(c10::Storage::use_byte_size_t(), home.nbytes(), std::move(data),
-                      c10::GetAllocator(device.type()), /*resizable=*/true);
-}
-
-// The target an op runs on before its kernels are looked at: the CPU op list,
-// then the target setting; 'auto' takes the GPU where the op has a kernel there.
-Target wanted_target(const OpRules& rules, bool nested) {
-  const Target wanted = rules.forced_to_cpu() ? Target::Cpu : target();
-  if (wanted != Target::Auto) return wanted;
-  const bool has_cuda_kernel = nested ? rules.has_nested_cuda_kernel : rules.has_cuda_kernel;
-  return cuda::device_count() > 0 && has_cuda_kernel ? Target::Cuda : Target::Cpu;
-}
-
-std::string device_type_name(c10::DeviceType type) {
-  return c10::DeviceTypeName(type, /*lower_case=*/true);
-}
-
-void add_target_context(c10::Error& error, const OpRules& rules, c10::Device target) {
-  error.add_context("torch_fallback: raised by " + rules.full_name + " on the " +
-                    device_type_name(target.type()) + " fallback target");
-}
-
-// The backend device of a call: its tensors', else the current one.
-c10::DeviceIndex backend_device_index(const BackendAdapter& backend,
-                                      std::optional<c10::DeviceIndex> of_tensors) {
-  if (of_tensors && *of_tensors >= 0) return *of_tensors;
-  return c10::impl::getDeviceGuardImpl(backend.device_type)->getDevice().index();
-}
-
-// Results a backend tensor cannot be: sparse, quantized and other non-strided ones.
-void check_servable_result(const OpRules& rules, c10::DeviceType backend, const at::Tensor& result) {
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      result.layout() == c10::kStrided && !result.is_quantized(), "torch_fallback: ",
-      rules.full_name, " returned a ", result.is_quantized() ? "quantized" : "non-strided",
-      " tensor (", result.toString(), "), which ", device_type_name(backend),
-      " tensors cannot be. Run it on CPU or CUDA tensors instead.");
-}
-
-// The backend tensor holding a result on its home device (a zero tensor, which
-// has no memory, gets some there).
-at::Tensor adopt_result(const BackendAdapter& backend, const at::Tensor& result, c10::Device home,
-                        c10::DeviceIndex index) {
-  if (result._is_zerotensor()) {
-    return backend.adopt(at::zeros(result.sizes(), result.options().device(home)), index);
-  }
-  return backend.adopt(result, index);
-}
-
-// Copies of the backend storages an op reads, made once per storage so that
-// arguments which alias each other on the backend alias each other on the target.
-struct StorageCopy {
-  c10::Storage storage;  // on the target
-  int64_t first_byte;    // the backend storage's byte that its byte 0 holds
-};
-
-c10::Storage empty_storage(c10::Device device) {
-  return c10::Storage(c10::Storage::use_byte_size_t(), 0, c10::DataPtr(nullptr, device),
-                      /*allocator=*/nullptr, /*resizable=*/false);
-}
-
-// The dispatch keys of a CPU or CUDA TensorImpl as tensor_over makes it, lazy bits aside.
-c10::DispatchKeySet plain_keys(bool cuda) {
-  const auto keys_on = [](c10::Device device, c10::DispatchKey key) {
-    return at::detail::make_tensor<c10::TensorImpl>(empty_storage(device),
-                                                    c10::DispatchKeySet(key),
-                                                    caffe2::TypeMeta::Make<float>())
-        .key_set();
-  };
-  static const c10::DispatchKeySet cpu = keys_on(c10::Device(c10::kCPU), c10::DispatchKey::CPU);
-  static const c10::DispatchKeySet on_cuda =
-      keys_on(c10::Device(c10::kCUDA, 0), c10::DispatchKey::CUDA);
-  return cuda ? on_cuda : cpu;
-}
-
-// Whether `tensor` is a plain CPU or CUDA TensorImpl that nothing else holds and
-// no kernel gave state a fresh one lacks: one the fallback may set up anew.
-bool is_plain_and_unshared(const at::Tensor& tensor) {
-  if (!tensor.defined() || tensor.use_count() != 1 || tensor.weak_use_count() != 1) return false;
-  c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
-  if (!impl->is_cpu() && !impl->is_cuda()) return false;
-  // The key set tells a plain TensorImpl from its subclasses (nested, sparse, ...).
-  return impl->key_set().remove(c10::DispatchKey::Conjugate).remove(c10::DispatchKey::Negative) ==
-             plain_keys(impl->is_cuda()) &&
-         impl->autograd_meta() == nullptr && impl->get_backend_meta() == nullptr &&
-         !impl->is_wrapped_number() && impl->allow_tensor_metadata_change();
-}
-
-}  // namespace
-
-namespace detail {
-
-// The target tensors of a call are made by the hundred in a training step (a
-// _foreach_ op's lists) and dropped when the call ends. Each thread keeps the
-// TensorImpls its calls dropped and sets them up again for the next call,
-// instead of allocating, constructing and destroying one per tensor.
-class TargetImplPool {
-  using Impl = c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
-
- public:
-  // This thread's pool, or none where target tensors must be made as usual:
-  // inference tensors, and tensors Python dispatch modes may keep.
-  static TargetImplPool* for_this_call() {
-    if (c10::InferenceMode::is_enabled() || c10::impl::TorchDispatchModeTLS::any_modes_set()) {
-      return nullptr;
-    }
-    thread_local TargetImplPool pool;
-    return &pool;
-  }
-
-  ~TargetImplPool() {
-    // The main thread's pool goes after Python has finalized: an impl that a
-    // Python kernel once wrapped must not touch its PyObject then.
-    if (std::this_thread::get_id() != g_loading_thread) return;
-    for (auto* parked : {&cpu_, &cuda_}) {
-      for (auto& impl : *parked) impl.release();
-    }
-  }
-
-  // A CPU or CUDA tensor over `storage` with the geometry of `like` (tensor_over's).
-  at::Tensor take(const c10::Storage& storage, c10::Device device, const at::Tensor& like) {
-    auto& parked = device.is_cuda() ? cuda_ : cpu_;
-    if (parked.empty()) return tensor_over(storage, device, like);
-    Impl impl = std::move(parked.back());
-    parked.pop_back();
-    impl->set_storage_and_dtype(storage, like.dtype());
-    take_geometry(impl.get(), like);
-    return at::Tensor(std::move(impl));
-  }
-
-  // Keeps `tensor`'s TensorImpl for a later call when nothing else holds it
-  // and no kernel gave it state a fresh one lacks.
-  void park(at::Tensor&& tensor) {
-    if (!is_plain_and_unshared(tensor)) return;
-    c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
-    const bool cuda = impl->is_cuda();
-    auto& parked = cuda ? cuda_ : cpu_;
-    if (parked.size() >= kCapacity) return;
-    impl->set_storage_keep_dtype(cuda ? empty_cuda_ : empty_cpu_);  // frees no memory late
-    parked.push_back(tensor.unsafeReleaseIntrusivePtr());
-  }
-
- private:
-  static constexpr size_t kCapacity = 1024;
-
-  std::vector<Impl> cpu_;
-  std::vector<Impl> cuda_;
-  c10::Storage empty_cpu_ = empty_storage(c10::Device(c10::kCPU));
-  c10::Storage empty_cuda_ = empty_storage(c10::Device(c10::kCUDA, 0));
-};
-
-// A backend tensor's view on the target, kept with it (as its BackendMeta) from
-// one call to the next: an optimizer's _foreach_ ops view the same parameters
-// and states, with the same geometry, at every step. A view is reused only
-// while it still matches its tensor (the same backend storage and bytes, the
-// same geometry and lazy bits); else it is made anew. Shallow copies (detach,
-// .data) start without one.
-class KeptTargetView final : public c10::BackendMeta {
- public:
-  c10::intrusive_ptr<c10::BackendMeta> clone(
-      const c10::intrusive_ptr<c10::BackendMeta>& /*ptr*/) const override {
-    return nullptr;
-  }
-
-  struct View {
-    at::Tensor tensor;
-    // The adapter gives this backend storage the same target storage at every
-    // call: then every view of it shares that storage, with no bookkeeping.
-    bool shared_storage;
-  };
-
-  // The kept view of `tensor` on `target`, if it still matches the tensor.
-  std::optional<View> get(const at::Tensor& tensor, c10::Device target) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    const c10::Storage& storage = tensor.storage();
-    if (!view_.tensor.defined() || backend_storage_ != storage.unsafeGetStorageImpl() ||
-        view_.tensor.device() != target || view_.tensor.dtype() != tensor.dtype()) {
-      return std::nullopt;
-    }
-    const c10::Storage& viewed = view_.tensor.storage();
-    if (viewed.data() != storage.data() || viewed.nbytes() != storage.nbytes() ||
-        !same_geometry(view_.tensor, tensor) || view_.tensor.is_conj() != tensor.is_conj() ||
-        view_.tensor.is_neg() != tensor.is_neg()) {
-      return std::nullopt;
-    }
-    return view_;
-  }
-
-  void keep(const at::Tensor& tensor, View view) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    backend_storage_ = tensor.storage().unsafeGetStorageImpl();
-    view_ = std::move(view);
-  }
-
-  // The kept view of `tensor`'s TensorImpl. With `add`, one is added where the
-  // tensor has no BackendMeta (a backend's own is left alone) and has been
-  // written in place twice already: a parameter or an optimizer state, which
-  // later calls will view again, not a temporary that dies within the step.
-  static KeptTargetView* of(const at::Tensor& tensor, bool add) {
-    c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
-    c10::BackendMeta* meta = impl->get_backend_meta();
-    if (meta == nullptr && add && impl->version_counter().enabled() &&
-        impl->version_counter().current_version() >= 2) {
-      impl->set_backend_meta(c10::make_intrusive<KeptTargetView>());
-      meta = impl->get_backend_meta();
-    }
-    return meta != nullptr && typeid(*meta) == typeid(KeptTargetView)
-               ? static_cast<KeptTargetView*>(meta)
-               : nullptr;
-  }
-
- private:
-  std::mutex mutex_;
-  c10::StorageImpl* backend_storage_ = nullptr;  // compared only: the tensor holds it
-  View view_;
-};
-
-}  // namespace detail
-
-namespace {
-
-using detail::KeptTargetView;
-using detail::TargetImplPool;
-
-// tensor_over's tensor, set up from `pool`'s TensorImpls where there is a pool.
-at::Tensor pooled_tensor_over(TargetImplPool* pool, const c10::Storage& storage,
-                              c10::Device device, const at::Tensor& like) {
-  return pool != nullptr ? pool->take(storage, device, like) : tensor_over(storage, device, like);
-}
 
 // One run of one op through the fallback.
 class FallbackCall {
@@ -327,14 +37,11 @@ class FallbackCall {
   FallbackCall& operator=(const FallbackCall&) = delete;
 
   void run() {
-    const auto start = Clock::now();
     try {
       refuse_unservable();
       find_backend_device();
       choose_target();
-      // With one GPU visible it is the current device already: no need to ask CUDA.
-      std::optional<cuda::DeviceScope> cuda_scope;
-      if (target_.is_cuda() && cuda::device_count() > 1) cuda_scope.emplace(target_.index());
+      record_.enter(target_);
       find_resizable_storages();
       move_arguments_to_target();
       call_op();
@@ -343,16 +50,15 @@ class FallbackCall {
       move_returns_to_backend();
       wait_for_queued_copies();
     } catch (...) {
-      call_.failed = true;
       try {
         wait_for_queued_copies();
       } catch (...) {
         // The op's own error is the one to report.
       }
-      finish(start);
+      record_.record(/*failed=*/true);
       throw;
     }
-    finish(start);
+    record_.record(/*failed=*/false);
   }
 
  private:
@@ -360,13 +66,6 @@ class FallbackCall {
 
   // For error messages only (TORCH_CHECK evaluates its message on failure).
   std::string backend_name() const { return device_type_name(backend_.device_type); }
-
-  void finish(Clock::time_point start) {
-    call_.on_cuda = target_.is_cuda();
-    call_.time_ns = static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
-    metrics::record(*rules_.counters, call_);
-  }
 
   // Before anything runs: ops whose results a backend tensor cannot hold.
   void refuse_unservable() const {
@@ -566,7 +265,7 @@ class FallbackCall {
             caffe2::TypeMeta::Make<uint8_t>())
             .as_strided({end - first}, {1}, first);
     const at::Tensor on_target = copied_to_target(home_bytes);
-    call_.bytes_to_target += static_cast<uint64_t>(end - first);
+    record_.add_bytes_to_target(static_cast<uint64_t>(end - first));
     return storage_copies_.insert(key, StorageCopy{on_target.storage(), first});
   }
 
@@ -578,7 +277,7 @@ class FallbackCall {
       on_target.unsafeGetTensorImpl()->set_storage_offset(tensor.storage_offset() - shift);
       return on_target;
     }
-    call_.bytes_to_target += nbytes(tensor);
+    record_.add_bytes_to_target(nbytes(tensor));
     return copied_to_target(tensor_over(home_storage(tensor.storage()), home, tensor));
   }
 
@@ -664,7 +363,7 @@ class FallbackCall {
     if (tensor.device() == home || tensor._is_zerotensor()) {
       return adopt_result(backend_, tensor, home, index);
     }
-    call_.bytes_from_target += nbytes(tensor);
+    record_.add_bytes_from_target(nbytes(tensor));
     return backend_.adopt(copied_to_home(tensor, home), index);
   }
 
@@ -812,7 +511,7 @@ class FallbackCall {
       return;
     }
     const c10::Device home_device = backend_.home_device(original.storage());
-    if (written.device() != home_device) call_.bytes_from_target += nbytes(written);
+    if (written.device() != home_device) record_.add_bytes_from_target(nbytes(written));
     at::_copy_from_and_resize(written, original);
     // A copy to the host waits for the stream, and so for the queued copies.
     if (written.is_cuda() && home_device.is_cpu()) awaiting_copies_ = false;
@@ -904,320 +603,14 @@ class FallbackCall {
   c10::SmallVector<c10::IValue, 8> on_target_;
   detail::WrittenVersions written_versions_;
   SmallMap<c10::TensorImpl*, bool> watched_;
-  metrics::Call call_;
+  detail::CallRecord record_{rules_, /*unboxed=*/false};
 };
 
 }  // namespace
-
-at::Tensor tensor_over(const c10::Storage& storage, c10::Device device, const at::Tensor& like) {
-  const auto key = c10::computeDispatchKey(std::nullopt, c10::kStrided, device);
-  auto tensor = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage),
-                                                         c10::DispatchKeySet(key), like.dtype());
-  take_geometry(tensor.unsafeGetTensorImpl(), like);
-  return tensor;
-}
-
-at::Tensor map_nested_buffer(const at::Tensor& nested,
-                             const std::function<at::Tensor(const at::Tensor&)>& map) {
-  const auto* impl = at::native::get_nested_tensor_impl(nested);
-  return at::detail::make_tensor<at::native::NestedTensorImpl>(
-      map(impl->get_unsafe_storage_as_tensor()), impl->get_nested_sizes(),
-      impl->get_nested_strides(), impl->get_storage_offsets());
-}
-
-bool targets_cuda() {
-  return target() == Target::Cuda || (target() == Target::Auto && cuda::device_count() > 0);
-}
 
 void boxed_fallback(const BackendAdapter& backend, const c10::OperatorHandle& op,
                     torch::jit::Stack* stack) {
   FallbackCall(backend, op, stack).run();
 }
 
-at::Tensor backend_tensor_over(c10::Storage storage, const at::Tensor& home_tensor) {
-  const c10::Device device = storage.device();
-  if (is_plain_and_unshared(home_tensor) && !c10::impl::TorchDispatchModeTLS::any_modes_set()) {
-    c10::TensorImpl* impl = home_tensor.unsafeGetTensorImpl();
-    impl->set_storage_keep_dtype(std::move(storage));
-    impl->_change_backend_component_keys(device);
-    return home_tensor;
-  }
-  return tensor_over(storage, device, home_tensor);
-}
-
-at::Tensor home_view(const BackendAdapter& backend, const at::Tensor& tensor) {
-  return tensor_over(backend.home_storage(tensor.storage()), backend.home_device(tensor.storage()),
-                     tensor);
-}
-
-void copy_between(const BackendAdapter& backend, const at::Tensor& src, const at::Tensor& dst,
-                  bool non_blocking) {
-  // Every autocast cast comes here: the views are the pool's, as a DirectCall's are.
-  TargetImplPool* const pool = TargetImplPool::for_this_call();
-  const auto on_home = [&](const at::Tensor& tensor) {
-    if (tensor.device().type() != backend.device_type) return tensor;
-    const c10::Storage& storage = tensor.storage();
-    return pooled_tensor_over(pool, backend.home_storage(storage), backend.home_device(storage),
-                              tensor);
-  };
-  if (src.device().type() == backend.device_type && dst.device().type() == backend.device_type &&
-      src.storage().is_alias_of(dst.storage())) {
-    // The home views are separate storages, so eager's overlap checks would not see this.
-    // A copy onto the very same elements is a no-op, as in eager.
-    if (same_geometry(src, dst) && src.dtype() == dst.dtype() &&
-        src.is_conj() == dst.is_conj() && src.is_neg() == dst.is_neg()) {
-      return;
-    }
-    at::assert_no_internal_overlap(dst);
-    at::assert_no_partial_overlap(dst, src);
-  }
-  at::Tensor dst_on_home = on_home(dst);
-  at::Tensor src_on_home = on_home(src);
-  dst_on_home.copy_(src_on_home, non_blocking);
-  if (pool != nullptr) {
-    pool->park(std::move(dst_on_home));
-    pool->park(std::move(src_on_home));
-  }
-}
-
-namespace detail {
-
-void WrittenVersions::watch(const at::Tensor& backend, const at::Tensor& target) {
-  c10::TensorImpl* backend_impl = backend.unsafeGetTensorImpl();
-  c10::TensorImpl* target_impl = target.unsafeGetTensorImpl();
-  if (backend_impl == target_impl || !backend_impl->version_counter().enabled() ||
-      !target_impl->version_counter().enabled()) {
-    return;
-  }
-  watched_.push_back({backend_impl, target_impl, target_impl->version_counter().current_version()});
-}
-
-void WrittenVersions::pass_on() const {
-  // Backend views of one tensor share its count, as their target tensors'
-  // writes would in eager; each target tensor is watched once.
-  for (const Watched& watched : watched_) {
-    const uint32_t writes =
-        watched.target->version_counter().current_version() - watched.target_before;
-    for (uint32_t i = 0; i < writes; ++i) watched.backend->bump_version();
-  }
-}
-
-DirectCall::DirectCall(const BackendAdapter& backend, const OpRules& rules)
-    : backend_(backend), rules_(rules), start_(Clock::now()) {}
-
-const OpRules& DirectCall::rules_for(const c10::OperatorHandle& op) { return op_rules(op); }
-
-DirectCall::~DirectCall() {
-  if (!started_) return;  // the boxed fallback serves (and counts) the call
-  if (pool_ != nullptr) {
-    for (at::Tensor& view : views_) pool_->park(std::move(view));
-    for (auto& views : view_lists_) {
-      for (at::Tensor& view : views) pool_->park(std::move(view));
-    }
-  }
-  metrics::Call call;
-  call.on_cuda = target_.is_cuda();
-  call.unboxed = true;
-  call.failed = !finished_;
-  call.time_ns = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start_).count());
-  metrics::record(*rules_.counters, call);
-}
-
-void DirectCall::offer(const at::Tensor& tensor) {
-  if (!usable_ || !tensor.defined()) return;
-  const c10::Device device = tensor.device();
-  if (device.type() != backend_.device_type) {
-    // TensorIterator takes 0-dim CPU tensors as scalars on any device.
-    usable_ = device.is_cpu() && tensor.dim() == 0;
-    return;
-  }
-  if (tensor.layout() != c10::kStrided || tensor.is_nested() ||
-      (index_ && *index_ != device.index())) {
-    usable_ = false;
-    return;
-  }
-  const c10::Device home = backend_.home_device(tensor.storage());
-  usable_ = !home_ || *home_ == home;
-  index_ = device.index();
-  home_ = home;
-  ++tensors_;
-}
-
-void DirectCall::offer(at::Tensor& written) {
-  // A kernel writes only the backend's memory through a view: no CPU scalar here.
-  if (written.defined() && written.device().type() != backend_.device_type) usable_ = false;
-  offer(static_cast<const at::Tensor&>(written));
-}
-
-void DirectCall::offer(at::TensorList tensors) {
-  const size_t single = tensors_;  // views of list elements go to view_lists_, not views_
-  for (const at::Tensor& tensor : tensors) offer(tensor);
-  tensors_ = single;
-  list_tensors_ += tensors.size();
-  // An in-place _foreach_ op writes its first list, which nothing may read meanwhile.
-  const auto& written = rules_.written_arguments;
-  if (lists_offered_++ == 0 && !written.empty() && written.front() == 0) {
-    written_list_ = tensors.data();
-  }
-}
-
-void DirectCall::offer(const at::ITensorListRef& tensors) {
-  const size_t single = tensors_;
-  for (const at::Tensor& tensor : tensors) offer(tensor);
-  tensors_ = single;
-  list_tensors_ += tensors.size();
-  ++lists_offered_;
-}
-
-void DirectCall::offer(std::optional<c10::ScalarType> dtype) {
-  usable_ = usable_ && !(dtype && c10::isQIntType(*dtype));
-}
-
-bool DirectCall::start() {
-  if (!usable_ || !rules_.runs_direct || !home_) return false;
-  const c10::DeviceIndex index = backend_device_index(backend_, index_);
-  if (wanted_target(rules_, /*nested=*/false) == Target::Cuda) {
-    if (!rules_.has_cuda_kernel || index >= cuda::device_count()) return false;
-    cuda::check_usable("the CUDA fallback target", rules_.full_name);
-    target_ = c10::Device(c10::kCUDA, index);
-    target_keys_ = c10::DispatchKeySet(c10::DispatchKey::CUDA);
-  } else if (!rules_.has_cpu_kernel) {
-    return false;
-  }
-  if (*home_ != target_ || backend_.output_home(index) != target_) return false;
-  index_ = index;
-  pool_ = TargetImplPool::for_this_call();
-  views_.reserve(tensors_);
-  homes_.reserve(tensors_ + list_tensors_);
-  started_ = true;
-  if (target_.is_cuda() && cuda::device_count() > 1) device_scope_.emplace(target_.index());
-  return true;
-}
-
-const c10::Storage* DirectCall::home_in_call(c10::StorageImpl* backend_storage) const {
-  // A linear search: cheaper under callgrind than SmallMap's index even for
-  // _foreach_addcdiv_'s 222 tensors (782K against 788K instructions per call).
-  for (const auto& [storage, on_target] : homes_) {
-    if (storage == backend_storage) return &on_target;
-  }
-  return nullptr;
-}
-
-at::Tensor DirectCall::view_of(const at::Tensor& tensor) {
-  c10::StorageImpl* backend_storage = tensor.storage().unsafeGetStorageImpl();
-  const c10::Storage* home = home_in_call(backend_storage);
-  if (home == nullptr) {
-    homes_.emplace_back(backend_storage, backend_.home_storage(tensor.storage()));
-    home = &homes_.back().second;
-  }
-  return pooled_tensor_over(pool_, *home, target_, tensor);
-}
-
-at::Tensor DirectCall::kept_view_of(const at::Tensor& tensor, bool add) {
-  // Kept views are plain tensors of the target: none made in inference mode or
-  // under a Python dispatch mode, where the pool is off too.
-  KeptTargetView* kept = pool_ != nullptr ? KeptTargetView::of(tensor, add) : nullptr;
-  if (kept == nullptr) return view_of(tensor);
-  std::optional<KeptTargetView::View> view = kept->get(tensor, target_);
-  if (!view) {
-    const c10::Storage& storage = tensor.storage();
-    c10::Storage home = backend_.home_storage(storage);
-    const bool shared = backend_.home_storage(storage).unsafeGetStorageImpl() ==
-                        home.unsafeGetStorageImpl();
-    view = KeptTargetView::View{tensor_over(home, target_, tensor), shared};
-    kept->keep(tensor, *view);
-  }
-  // A tensor listed twice gets a view of its own the second time: each view a
-  // call writes through stands for one tensor of the list (WrittenVersions).
-  if (view->tensor.use_count() > 2) return view_of(tensor);  // the kept one and this
-  if (view->shared_storage) return std::move(view->tensor);
-  // Tensors that share a backend storage share one target storage within the call.
-  c10::StorageImpl* backend_storage = tensor.storage().unsafeGetStorageImpl();
-  const c10::Storage* home = home_in_call(backend_storage);
-  if (home == nullptr) {
-    homes_.emplace_back(backend_storage, view->tensor.storage());
-  } else if (home->unsafeGetStorageImpl() != view->tensor.storage().unsafeGetStorageImpl()) {
-    return pooled_tensor_over(pool_, *home, target_, tensor);
-  }
-  return std::move(view->tensor);
-}
-
-const at::Tensor& DirectCall::on_target(const at::Tensor& tensor) {
-  if (!tensor.defined() || tensor.device().type() != backend_.device_type) return tensor;
-  views_.push_back(view_of(tensor));
-  return views_.back();
-}
-
-at::Tensor& DirectCall::on_target(at::Tensor& written) {
-  if (!written.defined()) return written;
-  views_.push_back(view_of(written));
-  written_versions_.watch(written, views_.back());
-  return views_.back();
-}
-
-at::TensorList DirectCall::on_target(at::TensorList tensors) {
-  std::vector<at::Tensor>& views = view_lists_.emplace_back();
-  views.reserve(tensors.size());
-  // The list an in-place _foreach_ op writes keeps the views of tensors it has
-  // written before (KeptTargetView::of); others are the pool's.
-  const bool add = tensors.data() == written_list_;
-  for (const at::Tensor& tensor : tensors) {
-    views.push_back(tensor.defined() && tensor.device().type() == backend_.device_type
-                        ? kept_view_of(tensor, add)
-                        : tensor);
-    if (add && tensor.defined()) written_versions_.watch(tensor, views.back());
-  }
-  return views;
-}
-
-at::ITensorListRef DirectCall::on_target(const at::ITensorListRef& tensors) {
-  std::vector<at::Tensor>& views = view_lists_.emplace_back();
-  views.reserve(tensors.size());
-  for (const at::Tensor& tensor : tensors) {
-    views.push_back(tensor.defined() && tensor.device().type() == backend_.device_type
-                        ? view_of(tensor)
-                        : tensor);
-  }
-  return at::ITensorListRef(views);
-}
-
-at::Tensor DirectCall::finish(const at::Tensor& result) {
-  kernel_done();
-  at::Tensor on_backend = to_backend(result);
-  finished_ = true;
-  return on_backend;
-}
-
-std::vector<at::Tensor> DirectCall::finish(const std::vector<at::Tensor>& results) {
-  kernel_done();
-  std::vector<at::Tensor> on_backend;
-  on_backend.reserve(results.size());
-  for (const at::Tensor& result : results) on_backend.push_back(to_backend(result));
-  finished_ = true;
-  return on_backend;
-}
-
-void DirectCall::finish() {
-  kernel_done();
-  finished_ = true;
-}
-
-void DirectCall::kernel_done() const {
-  if (target_.is_cuda() && cuda_sync() == CudaSync::Device) cuda::device_synchronize();
-  written_versions_.pass_on();
-}
-
-at::Tensor DirectCall::to_backend(const at::Tensor& result) {
-  // Outputs the target kernel keeps on the CPU stay there, as in the boxed fallback.
-  if (!result.defined() || result.device() != target_) return result;
-  check_servable_result(rules_, backend_.device_type, result);
-  return adopt_result(backend_, result, target_, *index_);
-}
-
-void DirectCall::add_context(c10::Error& error) const {
-  add_target_context(error, rules_, target_);
-}
-
-}  // namespace detail
 }  // namespace torch_fallback

@@ -12,5 +12,10 @@ Modules, in the order data flows through them:
   the per-task timeout.
 - ``report``: pass rates per phase and dtype, the categorized failure list, JSON.
 
-``benchmarks/opinfo_sweep.py`` is the command line.
+- ``cli``: the command line, ``python -m torch_fallback.testing.sweep`` (or, from a
+  checkout, ``python benchmarks/opinfo_sweep.py``).
+
+Only the test workers import ``torch_fallback.relay``: the sweep's own modules import the
+torch_fallback package, which registers no device, so the reference workers run plain eager
+(a registered PrivateUse1 device breaks native CUDA autograd, pytorch/pytorch#161129).
 """

@@ -29,7 +29,7 @@ OPS = ["add", "sin", "cat", "nn.functional.batch_norm"]
 
 @pytest.fixture(scope="module")
 def sweep():
-    from sweep import samples, worker  # benchmarks/ is on pytest's pythonpath (pyproject.toml)
+    from torch_fallback.testing.sweep import samples, worker
 
     return samples, worker
 
@@ -80,7 +80,7 @@ def test_command_line_self_test(tmp_path):
     command = [
         sys.executable, str(BENCHMARKS / "opinfo_sweep.py"), "--self-test", "--quiet",
         "--ops", "sin,nn.functional.dropout", "--dtypes", "float32", "--samples", "3",
-        "--json", str(out),
+        "--json", str(out), "--raw",
     ]  # fmt: skip
     completed = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stdout + completed.stderr
@@ -96,7 +96,7 @@ def test_uninitialized_outputs_compare_metadata_only(sweep):
     import torch
 
     samples, _ = sweep
-    from sweep import check
+    from torch_fallback.testing.sweep import check
 
     def leaves(first: float, seed: int) -> list[dict]:
         # output, logsumexp, philox seed and offset, as _flash_attention_forward returns them

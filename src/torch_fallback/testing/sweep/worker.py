@@ -1,11 +1,12 @@
 """The worker processes: long-lived, one task at a time, over a multiprocessing pipe.
 
-Two roles. A *reference* worker never imports torch_fallback: it runs eager on the
+Two roles. A *reference* worker never imports torch_fallback.relay: it runs eager on the
 reference device and saves its records (torch.save) to a file. A *test* worker runs the
 same samples on relay (or, in self-test mode, on the reference device again, also without
-torch_fallback), loads the reference file and compares. Keeping the reference in its own
-process is required on CUDA: registering a PrivateUse1 backend breaks CUDA autograd in
-PyTorch itself (pytorch/pytorch#161129).
+torch_fallback.relay), loads the reference file and compares. Keeping the reference in its
+own process is required on CUDA: registering a PrivateUse1 backend breaks CUDA autograd in
+PyTorch itself (pytorch/pytorch#161129). This package's import loads the torch_fallback
+library, which registers no device and changes nothing in torch.
 
 Messages to a worker: ("list", kwargs), ("ref", task, path), ("test", task, path), None.
 From a worker: ("ready", info), ("progress", sample_index), ("done", payload).
@@ -50,6 +51,8 @@ def main(conn, role: str, config: Config, log_path: str) -> None:
         torch_fallback.relay.set_home(config.home)
         device = "relay"
         info["torch_fallback"] = getattr(torch_fallback, "__version__", "unknown")
+    else:
+        assert "torch_fallback.relay" not in sys.modules, "eager's worker imported relay"
     if config.reference == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False

@@ -1,4 +1,4 @@
-"""Every test of the built extension restores torch_fallback's settings (tests/conftest.py)."""
+"""Every packaging test restores torch_fallback's settings (tests/conftest.py)."""
 
 import pytest
 

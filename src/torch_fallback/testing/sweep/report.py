@@ -3,11 +3,15 @@
 A task is one (entry, dtype, phase); an entry is one (entry, dtype): it passes when every
 phase that ran passed, fails when any failed, and is skipped when no phase ran (the dtype
 is unsupported in eager too, the op has no samples, ...). Rates leave skips out.
+
+The JSON document holds the summary and every failed task; every task only when asked
+(raw): thousands of passes say no more than the summary's counts.
 """
 
 from __future__ import annotations
 
 import collections
+import json
 
 from .check import SEVERITY
 from .samples import DTYPES, PHASES
@@ -123,3 +127,33 @@ def render(summary: dict, results: list[dict]) -> str:
         lines += [f"  {r['class'] + '/' + r['category']:<36} {_line(r)}" for r in failures]
     lines += ["", f"{summary['seconds']} s"]
     return "\n".join(lines)
+
+
+def document(summary: dict, results: list[dict], raw: bool = False) -> dict:
+    """The JSON document: the summary, every failed task and, with raw, every task."""
+    out = {"summary": summary, "failures": [r for r in results if r["status"] == "fail"]}
+    if raw:
+        out["tasks"] = results
+    return out
+
+
+def dumps(value, width: int = 100) -> str:
+    """JSON indented by one, with a task (an object in a list) or anything that fits in
+    `width` columns on one line."""
+
+    def render(value, indent: int, in_list: bool) -> str:
+        flat = json.dumps(value, default=str)
+        task = in_list and isinstance(value, dict)
+        if not isinstance(value, (dict, list)) or not value or task or indent + len(flat) <= width:
+            return flat
+        pad = " " * (indent + 1)
+        if isinstance(value, dict):
+            items = [
+                f"{pad}{json.dumps(str(k))}: {render(v, indent + 1, False)}"
+                for k, v in value.items()
+            ]
+            return "{\n" + ",\n".join(items) + "\n" + " " * indent + "}"
+        items = [pad + render(v, indent + 1, True) for v in value]
+        return "[\n" + ",\n".join(items) + "\n" + " " * indent + "]"
+
+    return render(value, 0, False) + "\n"

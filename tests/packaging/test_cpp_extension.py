@@ -16,7 +16,8 @@ def test_include_dir_holds_every_public_header():
     assert directory == Path(torch_fallback.get_include()).resolve()
     for name in HEADERS:
         assert (directory / "torch_fallback" / name).is_file(), name
-    shipped = {path.name for path in (directory / "torch_fallback").glob("*.h")}
+    root = directory / "torch_fallback"
+    shipped = {path.relative_to(root).as_posix() for path in root.rglob("*.h")}
     assert shipped == set(HEADERS)
 
 

@@ -1,0 +1,126 @@
+"""Running cells from the host: a cell's job (``make_job``), run by a runner with its wheelhouse
+filled first and its result recorded (``run_cell``); the tooling's own tests, recorded like a
+cell (``run_tooling_tests``)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from . import cache, summary
+from .errors import JOB_EXIT_REASONS, CellError, MatrixError
+from .job import Job, pytest_command
+from .matrix import Cell, LoadedMatrix
+from .report import JUNIT_FILE, LOG_FILE, RESULT_FILE, Reporter
+from .runners import Runner
+from .wheelhouse import ensure_wheelhouse, wheelhouse_path
+
+TOOLING_ROW = "tooling"  # the results (artifacts/tooling/) and summary row of the tooling tests
+
+
+def source_files(repo: Path) -> list[str]:
+    """The files a build needs: git's tracked and untracked-but-not-ignored files."""
+    git = ["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard"]
+    try:
+        names = subprocess.run(git, capture_output=True, check=True).stdout.decode().split("\0")
+    except (OSError, subprocess.CalledProcessError):
+        message = "git ls-files failed there: a build takes the files git tracks; clone the repo"
+        raise MatrixError(f"{repo} is not a git checkout ({message})") from None
+    return sorted(name for name in set(names) if name and (repo / name).is_file())
+
+
+def make_job(matrix: LoadedMatrix, cell: Cell, cache: Path, artifacts: Path, **options: Any) -> Job:
+    """The job of ``cell`` with host paths (the Docker runner maps them into its container)."""
+    local, tests, image = cache / "local", cell.tests, cell.image
+    return Job(
+        cell=cell.name,
+        **cell.model_dump(include={"python", "torch", "cuda", "gpu", "pypi"}),
+        test_paths=list(tests.paths),
+        test_markers=tests.markers,
+        sources=source_files(matrix.root),
+        repo=str(matrix.root),
+        cache=str(local),
+        work=str(local / "work" / cell.name),
+        artifacts=str(artifacts),
+        dockerfile=image.dockerfile,
+        base_image=image.base,
+        **options,
+    )
+
+
+def cache_cap(option: str | None, environ: Mapping[str, str] = os.environ) -> int | None:
+    """The cap in bytes of each cache store: --cache-cap, else $FALLBACK_MATRIX_CACHE_CAP, else
+    the default; None: off. A cap that is not a size raises CapError."""
+    return cache.parse_cap(option or environ.get(cache.CAP_ENV) or cache.DEFAULT_CAP)
+
+
+def prune_wheelhouses(wheelhouse: Path, cap: int | None, log: Reporter) -> None:
+    """Keep the wheelhouses under ``cap``, least recently used pruned first, ``wheelhouse``
+    (this cell's) kept. A problem here is reported, never a failed cell."""
+    if cap is None:
+        log.say("cache cap off: wheelhouses are not pruned")
+        return
+    try:
+        pruned = cache.prune(wheelhouse.parent, cap, keep=[wheelhouse], what="wheelhouses")
+    except OSError as error:
+        log.say(f"warning: pruning the wheelhouses in {wheelhouse.parent} failed: {error}")
+        return
+    for line in pruned.lines():
+        log.say(line)
+
+
+def run_cell(
+    matrix: LoadedMatrix, cell: Cell, runner: Runner, out: Path, reporter: Reporter, **options: Any
+) -> dict[str, Any]:
+    """Run one cell, its result (cell.log, result.json, the job's artifacts) in ``out``;
+    ``options``: Job fields (``cache_cap`` also bounds the wheelhouses). A failure ends up in
+    result.json's record, returned, never raised."""
+    shutil.rmtree(out, ignore_errors=True)
+    started, error, exit_code, where = time.monotonic(), None, 1, runner.name
+    with reporter.for_cell(cell.name, out / LOG_FILE) as log:
+        tests = f"tests {' '.join(cell.tests.paths)} -m {cell.tests.markers!r}"
+        index = f"index {cell.index.url} ({cell.index.source})"
+        log.say(f"torch=={cell.torch} ({cell.variant}), Python {cell.python}, {tests}, {index}")
+        try:
+            root, pyproject = cache.cache_root(matrix.root), matrix.root / "pyproject.toml"
+            with cache.in_use(wheelhouse_path(cell, pyproject, root)):
+                wheelhouse = ensure_wheelhouse(cell, pyproject, root, log)
+                prune_wheelhouses(wheelhouse, options.get("cache_cap"), log)
+                job = make_job(matrix, cell, root, out, wheelhouse=str(wheelhouse), **options)
+                exit_code, where = runner.run(job, log)
+            if exit_code != 0:
+                status = f"exit status {exit_code}{JOB_EXIT_REASONS.get(exit_code, '')}"
+                error = f"cell {cell.name} failed in {where} ({status}); log: {log.path}"
+        except CellError as problem:
+            error = str(problem) if cell.name in str(problem) else f"cell {cell.name}: {problem}"
+            log.line(f"error: {error}")
+    seconds = round(time.monotonic() - started, 1)
+    record = summary.read_json(out / RESULT_FILE)  # the job's steps, when it ran
+    record |= {"cell": cell.name, "runner": runner.name, "where": where, "exit_code": exit_code}
+    record |= {"seconds": seconds, "error": error or record.get("error")}
+    (out / RESULT_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return record
+
+
+def run_tooling_tests(
+    matrix: LoadedMatrix, artifacts: Path, reporter: Reporter, markers: str = ""
+) -> None:
+    """The tooling's own tests on the host (those ``markers`` selects), recorded like a cell
+    named 'tooling'."""
+    target = artifacts / TOOLING_ROW
+    shutil.rmtree(target, ignore_errors=True)
+    paths = matrix.spec.project_tests.tooling_paths
+    reporter.rule(f"tooling tests: {' '.join(paths)}" + (f" (-m {markers!r})" if markers else ""))
+    tests = [matrix.root / path for path in paths]
+    command = pytest_command([sys.executable], tests, matrix.root, target / JUNIT_FILE, TOOLING_ROW)
+    if markers:
+        command += ["-m", markers]
+    status = subprocess.call(command, cwd=matrix.root)
+    record = {"cell": TOOLING_ROW, "runner": "host", "exit_code": status}
+    record["error"] = f"tooling tests failed; see above ({target})" if status else None
+    (target / RESULT_FILE).write_text(json.dumps(record) + "\n", encoding="utf-8")

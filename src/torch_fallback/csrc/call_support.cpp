@@ -1,0 +1,172 @@
+// The fallback's shared pieces (call_support.h) and the public functions over
+// them: tensors over other tensors' memory, home views, copies, the call record.
+#include "call_support.h"
+
+#include <ATen/MemoryOverlap.h>
+#include <ATen/NestedTensorImpl.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include "metrics.h"
+
+namespace torch_fallback {
+
+const std::thread::id g_loading_thread = std::this_thread::get_id();
+
+// Bytes [first, end) of a storage that `tensor` may touch.
+std::pair<int64_t, int64_t> byte_extent(const at::Tensor& tensor) {
+  const int64_t item = static_cast<int64_t>(tensor.element_size());
+  int64_t last = tensor.storage_offset();
+  for (int64_t d = 0; d < tensor.dim(); ++d) {
+    if (tensor.size(d) == 0) return {tensor.storage_offset() * item, tensor.storage_offset() * item};
+    last += (tensor.size(d) - 1) * tensor.stride(d);
+  }
+  return {tensor.storage_offset() * item, (last + 1) * item};
+}
+
+static void release_storage_reference(void* ctx) { delete static_cast<c10::Storage*>(ctx); }
+
+// A resizable storage over `home`'s bytes that keeps `backend` (whose memory
+// they are) alive; a resize gives it new memory and leaves both untouched.
+c10::Storage resizable_alias(const c10::Storage& backend, const c10::Storage& home) {
+  const c10::Device device = home.device();
+  c10::DataPtr data(const_cast<void*>(home.data()), new c10::Storage(backend),
+                    &release_storage_reference, device);
+  return c10::Storage(c10::Storage::use_byte_size_t(), home.nbytes(), std::move(data),
+                      c10::GetAllocator(device.type()), /*resizable=*/true);
+}
+
+// The target an op runs on before its kernels are looked at: the CPU op list,
+// then the target setting; 'auto' takes the GPU where the op has a kernel there.
+Target wanted_target(const OpRules& rules, bool nested) {
+  const Target wanted = rules.forced_to_cpu() ? Target::Cpu : target();
+  if (wanted != Target::Auto) return wanted;
+  const bool has_cuda_kernel = nested ? rules.has_nested_cuda_kernel : rules.has_cuda_kernel;
+  return cuda::device_count() > 0 && has_cuda_kernel ? Target::Cuda : Target::Cpu;
+}
+
+std::string device_type_name(c10::DeviceType type) {
+  return c10::DeviceTypeName(type, /*lower_case=*/true);
+}
+
+void add_target_context(c10::Error& error, const OpRules& rules, c10::Device target) {
+  error.add_context("torch_fallback: raised by " + rules.full_name + " on the " +
+                    device_type_name(target.type()) + " fallback target");
+}
+
+// The backend device of a call: its tensors', else the current one.
+c10::DeviceIndex backend_device_index(const BackendAdapter& backend,
+                                      std::optional<c10::DeviceIndex> of_tensors) {
+  if (of_tensors && *of_tensors >= 0) return *of_tensors;
+  return c10::impl::getDeviceGuardImpl(backend.device_type)->getDevice().index();
+}
+
+// Results a backend tensor cannot be: sparse, quantized and other non-strided ones.
+void check_servable_result(const OpRules& rules, c10::DeviceType backend, const at::Tensor& result) {
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      result.layout() == c10::kStrided && !result.is_quantized(), "torch_fallback: ",
+      rules.full_name, " returned a ", result.is_quantized() ? "quantized" : "non-strided",
+      " tensor (", result.toString(), "), which ", device_type_name(backend),
+      " tensors cannot be. Run it on CPU or CUDA tensors instead.");
+}
+
+// The backend tensor holding a result on its home device (a zero tensor, which
+// has no memory, gets some there).
+at::Tensor adopt_result(const BackendAdapter& backend, const at::Tensor& result, c10::Device home,
+                        c10::DeviceIndex index) {
+  if (result._is_zerotensor()) {
+    return backend.adopt(at::zeros(result.sizes(), result.options().device(home)), index);
+  }
+  return backend.adopt(result, index);
+}
+
+at::Tensor tensor_over(const c10::Storage& storage, c10::Device device, const at::Tensor& like) {
+  const auto key = c10::computeDispatchKey(std::nullopt, c10::kStrided, device);
+  auto tensor = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage),
+                                                         c10::DispatchKeySet(key), like.dtype());
+  take_geometry(tensor.unsafeGetTensorImpl(), like);
+  return tensor;
+}
+
+at::Tensor map_nested_buffer(const at::Tensor& nested,
+                             const std::function<at::Tensor(const at::Tensor&)>& map) {
+  const auto* impl = at::native::get_nested_tensor_impl(nested);
+  return at::detail::make_tensor<at::native::NestedTensorImpl>(
+      map(impl->get_unsafe_storage_as_tensor()), impl->get_nested_sizes(),
+      impl->get_nested_strides(), impl->get_storage_offsets());
+}
+
+bool targets_cuda() {
+  return target() == Target::Cuda || (target() == Target::Auto && cuda::device_count() > 0);
+}
+
+at::Tensor backend_tensor_over(c10::Storage storage, const at::Tensor& home_tensor) {
+  const c10::Device device = storage.device();
+  if (is_plain_and_unshared(home_tensor) && !c10::impl::TorchDispatchModeTLS::any_modes_set()) {
+    c10::TensorImpl* impl = home_tensor.unsafeGetTensorImpl();
+    impl->set_storage_keep_dtype(std::move(storage));
+    impl->_change_backend_component_keys(device);
+    return home_tensor;
+  }
+  return tensor_over(storage, device, home_tensor);
+}
+
+at::Tensor home_view(const BackendAdapter& backend, const at::Tensor& tensor) {
+  return tensor_over(backend.home_storage(tensor.storage()), backend.home_device(tensor.storage()),
+                     tensor);
+}
+
+void copy_between(const BackendAdapter& backend, const at::Tensor& src, const at::Tensor& dst,
+                  bool non_blocking) {
+  // Every autocast cast comes here: the views are the pool's, as a DirectCall's are.
+  TargetImplPool* const pool = TargetImplPool::for_this_call();
+  const auto on_home = [&](const at::Tensor& tensor) {
+    if (tensor.device().type() != backend.device_type) return tensor;
+    const c10::Storage& storage = tensor.storage();
+    return pooled_tensor_over(pool, backend.home_storage(storage), backend.home_device(storage),
+                              tensor);
+  };
+  if (src.device().type() == backend.device_type && dst.device().type() == backend.device_type &&
+      src.storage().is_alias_of(dst.storage())) {
+    // The home views are separate storages, so eager's overlap checks would not see this.
+    // A copy onto the very same elements is a no-op, as in eager.
+    if (same_geometry(src, dst) && src.dtype() == dst.dtype() &&
+        src.is_conj() == dst.is_conj() && src.is_neg() == dst.is_neg()) {
+      return;
+    }
+    at::assert_no_internal_overlap(dst);
+    at::assert_no_partial_overlap(dst, src);
+  }
+  at::Tensor dst_on_home = on_home(dst);
+  at::Tensor src_on_home = on_home(src);
+  dst_on_home.copy_(src_on_home, non_blocking);
+  if (pool != nullptr) {
+    pool->park(std::move(dst_on_home));
+    pool->park(std::move(src_on_home));
+  }
+}
+
+namespace detail {
+
+CallRecord::CallRecord(const OpRules& rules, bool unboxed)
+    : rules_(rules), unboxed_(unboxed), start_(Clock::now()) {}
+
+void CallRecord::enter(c10::Device target) {
+  on_cuda_ = target.is_cuda();
+  if (on_cuda_ && cuda::device_count() > 1) device_scope_.emplace(target.index());
+}
+
+void CallRecord::record(bool failed) const {
+  metrics::Call call;
+  call.on_cuda = on_cuda_;
+  call.unboxed = unboxed_;
+  call.failed = failed;
+  call.bytes_to_target = bytes_to_target_;
+  call.bytes_from_target = bytes_from_target_;
+  call.time_ns = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start_).count());
+  metrics::record(*rules_.counters, call);
+}
+
+}  // namespace detail
+}  // namespace torch_fallback

@@ -1,0 +1,253 @@
+#pragma once
+// What the fallback's two engines share: the boxed one (boxed_call.cpp:
+// FallbackCall) and the unboxed one (direct_call.cpp: DirectCall). Tensor
+// helpers, the per-thread pool of target TensorImpls, the views kept from one
+// call to the next, and the rules for choosing a target.
+#include <torch_fallback/detail/direct_kernel.h>
+
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <typeinfo>
+#include <utility>
+
+#include "op_rules.h"
+#include "settings.h"
+#include "tensors.h"
+
+namespace torch_fallback {
+
+using Clock = std::chrono::steady_clock;
+
+inline uint64_t nbytes(const at::Tensor& tensor) {
+  return static_cast<uint64_t>(tensor.numel()) * tensor.element_size();
+}
+
+inline bool same_geometry(const at::Tensor& a, const at::Tensor& b) {
+  return a.sizes() == b.sizes() && a.strides() == b.strides() &&
+         a.storage_offset() == b.storage_offset();
+}
+
+// Bytes [first, end) of a storage that `tensor` may touch.
+std::pair<int64_t, int64_t> byte_extent(const at::Tensor& tensor);
+
+// Gives `impl` the geometry of `like`; lazy conjugation and negation travel as
+// bits, not data.
+inline void take_geometry(c10::TensorImpl* impl, const at::Tensor& like) {
+  // A TensorImpl from the pool often has it already (ops of one shape come in a
+  // row); its contiguity flags then still hold and need no recomputing.
+  if (impl->storage_offset() != like.storage_offset() || impl->sizes() != like.sizes() ||
+      impl->strides() != like.strides()) {
+    impl->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+  }
+  impl->_set_conj(like.is_conj());
+  impl->_set_neg(like.is_neg());
+}
+
+// The thread that loads the library: the main thread, which imports it.
+extern const std::thread::id g_loading_thread;
+
+// A resizable storage over `home`'s bytes that keeps `backend` (whose memory
+// they are) alive; a resize gives it new memory and leaves both untouched.
+c10::Storage resizable_alias(const c10::Storage& backend, const c10::Storage& home);
+
+// The target an op runs on before its kernels are looked at: the CPU op list,
+// then the target setting; 'auto' takes the GPU where the op has a kernel there.
+Target wanted_target(const OpRules& rules, bool nested);
+
+std::string device_type_name(c10::DeviceType type);
+
+void add_target_context(c10::Error& error, const OpRules& rules, c10::Device target);
+
+// The backend device of a call: its tensors', else the current one.
+c10::DeviceIndex backend_device_index(const BackendAdapter& backend,
+                                      std::optional<c10::DeviceIndex> of_tensors);
+
+// Results a backend tensor cannot be: sparse, quantized and other non-strided ones.
+void check_servable_result(const OpRules& rules, c10::DeviceType backend, const at::Tensor& result);
+
+// The backend tensor holding a result on its home device (a zero tensor, which
+// has no memory, gets some there).
+at::Tensor adopt_result(const BackendAdapter& backend, const at::Tensor& result, c10::Device home,
+                        c10::DeviceIndex index);
+
+// Copies of the backend storages an op reads, made once per storage so that
+// arguments which alias each other on the backend alias each other on the target.
+struct StorageCopy {
+  c10::Storage storage;  // on the target
+  int64_t first_byte;    // the backend storage's byte that its byte 0 holds
+};
+
+inline c10::Storage empty_storage(c10::Device device) {
+  return c10::Storage(c10::Storage::use_byte_size_t(), 0, c10::DataPtr(nullptr, device),
+                      /*allocator=*/nullptr, /*resizable=*/false);
+}
+
+// The dispatch keys of a CPU or CUDA TensorImpl as tensor_over makes it, lazy bits aside.
+inline c10::DispatchKeySet plain_keys(bool cuda) {
+  const auto keys_on = [](c10::Device device, c10::DispatchKey key) {
+    return at::detail::make_tensor<c10::TensorImpl>(empty_storage(device),
+                                                    c10::DispatchKeySet(key),
+                                                    caffe2::TypeMeta::Make<float>())
+        .key_set();
+  };
+  static const c10::DispatchKeySet cpu = keys_on(c10::Device(c10::kCPU), c10::DispatchKey::CPU);
+  static const c10::DispatchKeySet on_cuda =
+      keys_on(c10::Device(c10::kCUDA, 0), c10::DispatchKey::CUDA);
+  return cuda ? on_cuda : cpu;
+}
+
+// Whether `tensor` is a plain CPU or CUDA TensorImpl that nothing else holds and
+// no kernel gave state a fresh one lacks: one the fallback may set up anew.
+inline bool is_plain_and_unshared(const at::Tensor& tensor) {
+  if (!tensor.defined() || tensor.use_count() != 1 || tensor.weak_use_count() != 1) return false;
+  c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
+  if (!impl->is_cpu() && !impl->is_cuda()) return false;
+  // The key set tells a plain TensorImpl from its subclasses (nested, sparse, ...).
+  return impl->key_set().remove(c10::DispatchKey::Conjugate).remove(c10::DispatchKey::Negative) ==
+             plain_keys(impl->is_cuda()) &&
+         impl->autograd_meta() == nullptr && impl->get_backend_meta() == nullptr &&
+         !impl->is_wrapped_number() && impl->allow_tensor_metadata_change();
+}
+
+namespace detail {
+
+// The target tensors of a call are made by the hundred in a training step (a
+// _foreach_ op's lists) and dropped when the call ends. Each thread keeps the
+// TensorImpls its calls dropped and sets them up again for the next call,
+// instead of allocating, constructing and destroying one per tensor.
+class TargetImplPool {
+  using Impl = c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+
+ public:
+  // This thread's pool, or none where target tensors must be made as usual:
+  // inference tensors, and tensors Python dispatch modes may keep.
+  static TargetImplPool* for_this_call() {
+    if (c10::InferenceMode::is_enabled() || c10::impl::TorchDispatchModeTLS::any_modes_set()) {
+      return nullptr;
+    }
+    thread_local TargetImplPool pool;
+    return &pool;
+  }
+
+  ~TargetImplPool() {
+    // The main thread's pool goes after Python has finalized: an impl that a
+    // Python kernel once wrapped must not touch its PyObject then.
+    if (std::this_thread::get_id() != g_loading_thread) return;
+    for (auto* parked : {&cpu_, &cuda_}) {
+      for (auto& impl : *parked) impl.release();
+    }
+  }
+
+  // A CPU or CUDA tensor over `storage` with the geometry of `like` (tensor_over's).
+  at::Tensor take(const c10::Storage& storage, c10::Device device, const at::Tensor& like) {
+    auto& parked = device.is_cuda() ? cuda_ : cpu_;
+    if (parked.empty()) return tensor_over(storage, device, like);
+    Impl impl = std::move(parked.back());
+    parked.pop_back();
+    impl->set_storage_and_dtype(storage, like.dtype());
+    take_geometry(impl.get(), like);
+    return at::Tensor(std::move(impl));
+  }
+
+  // Keeps `tensor`'s TensorImpl for a later call when nothing else holds it
+  // and no kernel gave it state a fresh one lacks.
+  void park(at::Tensor&& tensor) {
+    if (!is_plain_and_unshared(tensor)) return;
+    c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
+    const bool cuda = impl->is_cuda();
+    auto& parked = cuda ? cuda_ : cpu_;
+    if (parked.size() >= kCapacity) return;
+    impl->set_storage_keep_dtype(cuda ? empty_cuda_ : empty_cpu_);  // frees no memory late
+    parked.push_back(tensor.unsafeReleaseIntrusivePtr());
+  }
+
+ private:
+  static constexpr size_t kCapacity = 1024;
+
+  std::vector<Impl> cpu_;
+  std::vector<Impl> cuda_;
+  c10::Storage empty_cpu_ = empty_storage(c10::Device(c10::kCPU));
+  c10::Storage empty_cuda_ = empty_storage(c10::Device(c10::kCUDA, 0));
+};
+
+// A backend tensor's view on the target, kept with it (as its BackendMeta) from
+// one call to the next: an optimizer's _foreach_ ops view the same parameters
+// and states, with the same geometry, at every step. A view is reused only
+// while it still matches its tensor (the same backend storage and bytes, the
+// same geometry and lazy bits); else it is made anew. Shallow copies (detach,
+// .data) start without one.
+class KeptTargetView final : public c10::BackendMeta {
+ public:
+  c10::intrusive_ptr<c10::BackendMeta> clone(
+      const c10::intrusive_ptr<c10::BackendMeta>& /*ptr*/) const override {
+    return nullptr;
+  }
+
+  struct View {
+    at::Tensor tensor;
+    // The adapter gives this backend storage the same target storage at every
+    // call: then every view of it shares that storage, with no bookkeeping.
+    bool shared_storage;
+  };
+
+  // The kept view of `tensor` on `target`, if it still matches the tensor.
+  std::optional<View> get(const at::Tensor& tensor, c10::Device target) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const c10::Storage& storage = tensor.storage();
+    if (!view_.tensor.defined() || backend_storage_ != storage.unsafeGetStorageImpl() ||
+        view_.tensor.device() != target || view_.tensor.dtype() != tensor.dtype()) {
+      return std::nullopt;
+    }
+    const c10::Storage& viewed = view_.tensor.storage();
+    if (viewed.data() != storage.data() || viewed.nbytes() != storage.nbytes() ||
+        !same_geometry(view_.tensor, tensor) || view_.tensor.is_conj() != tensor.is_conj() ||
+        view_.tensor.is_neg() != tensor.is_neg()) {
+      return std::nullopt;
+    }
+    return view_;
+  }
+
+  void keep(const at::Tensor& tensor, View view) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    backend_storage_ = tensor.storage().unsafeGetStorageImpl();
+    view_ = std::move(view);
+  }
+
+  // The kept view of `tensor`'s TensorImpl. With `add`, one is added where the
+  // tensor has no BackendMeta (a backend's own is left alone) and has been
+  // written in place twice already: a parameter or an optimizer state, which
+  // later calls will view again, not a temporary that dies within the step.
+  static KeptTargetView* of(const at::Tensor& tensor, bool add) {
+    c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
+    c10::BackendMeta* meta = impl->get_backend_meta();
+    if (meta == nullptr && add && impl->version_counter().enabled() &&
+        impl->version_counter().current_version() >= 2) {
+      impl->set_backend_meta(c10::make_intrusive<KeptTargetView>());
+      meta = impl->get_backend_meta();
+    }
+    return meta != nullptr && typeid(*meta) == typeid(KeptTargetView)
+               ? static_cast<KeptTargetView*>(meta)
+               : nullptr;
+  }
+
+ private:
+  std::mutex mutex_;
+  c10::StorageImpl* backend_storage_ = nullptr;  // compared only: the tensor holds it
+  View view_;
+};
+
+}  // namespace detail
+
+using detail::KeptTargetView;
+using detail::TargetImplPool;
+
+// tensor_over's tensor, set up from `pool`'s TensorImpls where there is a pool.
+inline at::Tensor pooled_tensor_over(TargetImplPool* pool, const c10::Storage& storage,
+                              c10::Device device, const at::Tensor& like) {
+  return pool != nullptr ? pool->take(storage, device, like) : tensor_over(storage, device, like);
+}
+
+}  // namespace torch_fallback

@@ -1,0 +1,69 @@
+#pragma once
+// register_kernels: everything torch-fallback gives a backend besides the
+// boxed fallback, registered for the backend's dispatch key. Include it in the
+// translation unit that registers the backend's kernels; it pulls in the
+// operator headers of the unboxed kernels, which other files need not pay for.
+#include "detail/direct_kernel.h"
+
+namespace torch_fallback {
+
+// Everything torch-fallback can give a backend besides the fallback itself,
+// for TORCH_LIBRARY_IMPL(aten, <key>, m): the views, _copy_from and
+// _copy_from_and_resize, the ops run whole, unboxed kernels for the functional
+// and in-place ops a training step calls most (DirectKernel), batch norm on cuDNN where
+// eager CUDA would take it, and (for PrivateUse1) the choice of the fused
+// attention kernel, and device moves that keep parameters (register_device_moves).
+// The backend still owns its memory: empty.memory_format,
+// empty_strided and resize_. Call it after registering the backend's own
+// kernels (in a TORCH_LIBRARY_IMPL block that runs later, e.g. the same one):
+// every kernel the backend has for its dispatch key by then is left in place,
+// the views, _copy_from and the attention choice included.
+template <const BackendAdapter& (*Adapter)()>
+void register_kernels(torch::Library& aten) {
+  const c10::DeviceType device_type = Adapter().device_type;
+  detail::register_math_bit_fallthroughs();
+  register_adapter(Adapter());
+  register_device_moves(device_type);
+  if (device_type == c10::DeviceType::PrivateUse1) detail::register_sdp_choice();
+  register_view_kernels(aten, device_type);
+  if (!detail::has_kernel("_copy_from", device_type)) {
+    aten.impl("_copy_from", TORCH_FN(detail::CopyKernels<Adapter>::copy_from));
+  }
+  if (!detail::has_kernel("_copy_from_and_resize", device_type)) {
+    aten.impl("_copy_from_and_resize",
+              TORCH_FN(detail::CopyKernels<Adapter>::copy_from_and_resize));
+  }
+  // The functional ops a training step calls most, run unboxed where they can be.
+  namespace ops = at::_ops;
+  detail::register_direct_kernels<
+      Adapter, ops::add_Tensor, ops::sub_Tensor, ops::mul_Tensor, ops::div_Tensor, ops::mm,
+      ops::bmm, ops::addmm, ops::convolution, ops::convolution_backward, ops::relu,
+      ops::threshold_backward, ops::gelu, ops::gelu_backward, ops::_softmax,
+      ops::_softmax_backward_data, ops::_log_softmax, ops::_log_softmax_backward_data,
+      ops::native_layer_norm, ops::native_layer_norm_backward, ops::sum_dim_IntList,
+      ops::mean_dim, ops::nll_loss_forward, ops::nll_loss_backward, ops::native_dropout,
+      ops::native_dropout_backward, ops::cat,
+      // in place: gradient accumulation, zero_grad(set_to_none=False), the optimizers
+      ops::add__Tensor, ops::sub__Tensor, ops::mul__Tensor, ops::div__Tensor, ops::mul__Scalar,
+      ops::zero_, ops::fill__Scalar, ops::_foreach_add__Scalar, ops::_foreach_add__List,
+      ops::_foreach_mul__Scalar, ops::_foreach_mul__List, ops::_foreach_div__ScalarList,
+      ops::_foreach_addcmul__Scalar, ops::_foreach_addcdiv__ScalarList,
+      ops::_foreach_lerp__Scalar, ops::_foreach_zero_, ops::_foreach_sqrt,
+      // the fused attention kernels scaled_dot_product_attention chooses on each target
+      ops::_fused_sdp_choice, ops::_scaled_dot_product_cudnn_attention,
+      ops::_scaled_dot_product_cudnn_attention_backward,
+      ops::_scaled_dot_product_efficient_attention,
+      ops::_scaled_dot_product_efficient_attention_backward,
+      ops::_scaled_dot_product_flash_attention_for_cpu,
+      ops::_scaled_dot_product_flash_attention_for_cpu_backward>(aten);
+  detail::register_direct_kernel<Adapter, ops::native_batch_norm, detail::BatchNormOnTarget>(aten);
+  detail::register_direct_kernel<Adapter, ops::native_batch_norm_backward,
+                                 detail::BatchNormBackwardOnTarget>(aten);
+  for (const std::string& name : ops_run_whole()) {
+    // The backend's own kernels, registered before this call, win.
+    if (detail::has_kernel(name, Adapter().device_type)) continue;
+    aten.impl(name.c_str(), boxed_fallback_for<Adapter>());
+  }
+}
+
+}  // namespace torch_fallback
