@@ -46,7 +46,7 @@ class ImageOverride(_Strict):
 
 
 class TestSelection(_Strict):
-    paths: list[str] = Field(min_length=1, description="test paths, e.g. [tests/extension]")
+    paths: list[str] = Field(min_length=1, description="test paths, e.g. [tests/library]")
     markers: str = Field(min_length=1, description='a pytest -m expression, e.g. "not slow"')
 
 

@@ -1,6 +1,7 @@
 // The boxed fallback: generalized from at::native::cpu_fallback to a target
 // device (CPU or CUDA), zero-copy wherever a backend tensor's memory already
-// lives on the target.
+// lives on the target. One class, FallbackCall, walks a call as steps (run());
+// it is kept whole so that the walk reads top to bottom, hence the length.
 #include "call_support.h"
 
 #include <ATen/ops/_copy_from_and_resize.h>
