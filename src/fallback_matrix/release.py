@@ -92,8 +92,8 @@ def install_target(c: "Context", name: str) -> tuple[Cell, Cell]:
     """(the cell to install into, the build cell whose wheel it takes) for a cell of the
     matrix or a wheel test (a Python row: the wheel of its cell on another Python)."""
     tests = {test.name: test for test in wheel_tests(c.cells)}
-    if name in tests:
-        return tests[name].target, tests[name].source
+    if name in tests:  # named after the test: its results must not pass for the cell's
+        return tests[name].target.model_copy(update={"name": name}), tests[name].source
     cell = c.cell(name)
     return cell, cell
 

@@ -145,3 +145,21 @@ def test_a_cell_without_its_wheel_says_to_build_it(
 ) -> None:
     with pytest.raises(MatrixError, match=r"nox -s build-cuda"):
         collect_dist(tmp_path / "artifacts", [cells(matrix_data)["cuda"]], tmp_path / "dist", None)
+
+
+def test_the_rehearsal_installs_a_python_row_under_its_own_name(
+    matrix_data: dict[str, Any],
+) -> None:
+    from types import SimpleNamespace
+
+    from fallback_matrix.release import install_target
+
+    cuda = next(cell for cell in matrix_data["cells"] if cell["name"] == "cuda")
+    cuda["also_pythons"] = ["3.12"]
+    by_name = cells(matrix_data)
+    context = SimpleNamespace(cells=list(by_name.values()), cell=lambda name: by_name[name])
+    into, source = install_target(context, "cuda-on-py312")
+    assert (into.name, into.python, into.torch) == ("cuda-on-py312", "3.12", "2.14.1")
+    assert source.name == "cuda"
+    into, source = install_target(context, "cpu")
+    assert into.name == source.name == "cpu"
