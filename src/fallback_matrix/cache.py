@@ -19,7 +19,7 @@ from pathlib import Path
 
 from fallback_matrix.errors import CapError
 
-CACHE_ENV = "FALLBACK_MATRIX_CACHE"  # the cache root instead of <repo>/.cache/fallback-matrix
+CACHE_ENV = "FALLBACK_MATRIX_CACHE"  # the cache root instead of the user's cache directory
 CAP_ENV = "FALLBACK_MATRIX_CACHE_CAP"
 DEFAULT_CAP = "20GB"
 IN_USE_SUFFIX = ".in-use"
@@ -38,11 +38,15 @@ UNITS = {
 NO_CAP = ("off", "none", "unlimited")
 
 
-def cache_root(repo: Path, environ: Mapping[str, str] = os.environ) -> Path:
+def cache_root(environ: Mapping[str, str] = os.environ) -> Path:
     """Where the host keeps the wheelhouses, the local runner's cache, the local index:
-    $FALLBACK_MATRIX_CACHE, else ``repo``/.cache/fallback-matrix."""
-    configured = environ.get(CACHE_ENV)
-    return Path(configured).resolve() if configured else repo / ".cache" / "fallback-matrix"
+    $FALLBACK_MATRIX_CACHE, else fallback-matrix in the user's cache directory
+    ($XDG_CACHE_HOME, else ~/.cache), shared by every clone as the Docker volume is, so a new
+    clone does not download its wheels again."""
+    if configured := environ.get(CACHE_ENV):
+        return Path(configured).resolve()
+    user_cache = environ.get("XDG_CACHE_HOME") or Path(environ.get("HOME", "~")) / ".cache"
+    return Path(user_cache).expanduser().resolve() / "fallback-matrix"
 
 
 def parse_cap(text: str) -> int | None:

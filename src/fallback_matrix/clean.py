@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # cli imports this module for its command table
 
 
 def cmd_clean(c: "Context") -> int:
-    cache = cache_root(c.matrix.root)
+    cache = cache_root()
     for partial in sorted(cache.glob("wheelhouse/.*.partial")):
         shutil.rmtree(partial, ignore_errors=True)
         c.reporter.say(f"removed interrupted wheelhouse fill {partial}")

@@ -117,7 +117,7 @@ def cmd_publish_local(c: "Context") -> int:
     if not wheels:
         raise MatrixError(f"no wheels under {c.artifacts}; build cells first (nox -s build-cpu)")
     targets = [install_target(c, name) for name in dict.fromkeys(c.args.cell or ["cpu"])]
-    packages = cache_root(c.matrix.root) / "local-index"
+    packages = cache_root() / "local-index"
     shutil.rmtree(packages, ignore_errors=True)
     status = EXIT_OK
     with (

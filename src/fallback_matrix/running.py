@@ -87,7 +87,7 @@ def run_cell(
         index = f"index {cell.index.url} ({cell.index.source})"
         log.say(f"torch=={cell.torch} ({cell.variant}), Python {cell.python}, {tests}, {index}")
         try:
-            root, pyproject = cache.cache_root(matrix.root), matrix.root / "pyproject.toml"
+            root, pyproject = cache.cache_root(), matrix.root / "pyproject.toml"
             with cache.in_use(wheelhouse_path(cell, pyproject, root)):
                 wheelhouse = ensure_wheelhouse(cell, pyproject, root, log)
                 prune_wheelhouses(wheelhouse, options.get("cache_cap"), log)

@@ -13,6 +13,7 @@ import pytest
 from fallback_matrix import running
 from fallback_matrix.cache import (
     CAP_ENV,
+    cache_root,
     disk_usage,
     in_use,
     in_use_file,
@@ -78,6 +79,14 @@ def test_the_option_wins_over_the_variable_which_wins_over_the_default() -> None
 
 
 # --- pruning -------------------------------------------------------------------------------------
+
+
+def test_the_cache_is_the_users_so_every_clone_shares_it(tmp_path: Path) -> None:
+    assert cache_root({"HOME": str(tmp_path)}) == tmp_path / ".cache" / "fallback-matrix"
+    xdg = {"HOME": "/nowhere", "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    assert cache_root(xdg) == tmp_path / "xdg" / "fallback-matrix"
+    chosen = {**xdg, "FALLBACK_MATRIX_CACHE": str(tmp_path / "mine")}
+    assert cache_root(chosen) == tmp_path / "mine"
 
 
 def test_least_recently_used_entries_go_first_until_the_store_fits(tmp_path: Path) -> None:
