@@ -23,7 +23,7 @@ setup(
     ext_modules=[
         BackendExtension(
             "tinydev._C",
-            ["csrc/tinydev.cpp", "csrc/module.cpp"],
+            ["csrc/tinydev.cpp", "csrc/memory.cpp", "csrc/module.cpp"],
             extra_compile_args={"cxx": ["-O2", "-g0", "-Wall", "-Wno-unused-parameter"]},
         )
     ],

@@ -46,8 +46,17 @@ c10::Dict<std::string, std::string> cuda_symbol_providers() {
 }  // namespace
 
 TORCH_LIBRARY(tinydev, m) {
-  // Storages tinydev's allocator made that are still alive.
-  m.def("live_allocations", []() { return static_cast<int64_t>(tinydev::live_allocations()); });
+  // Allocations tinydev's allocator made that are still alive.
+  m.def("live_allocations", []() { return tinydev::live_allocations(); });
+  // Accesses open over tinydev's locked memory (0 between ops).
+  m.def("open_accesses", []() { return tinydev::open_accesses(); });
+  // The tinydev device whose allocation holds `address` (-1: none does).
+  m.def("device_of", [](int64_t address) {
+    const auto device = tinydev::device_of(reinterpret_cast<const void*>(address));
+    return device ? static_cast<int64_t>(*device) : int64_t{-1};
+  });
+  // Calls of tinydev's own views, _copy_from and attention choice.
+  m.def("own_kernel_calls(str name) -> int", &tinydev::own_kernel_calls);
   // c10::cuda::current_device(), unchecked: on a CPU-only PyTorch, the stub's error.
   m.def("cuda_current_device", []() { return static_cast<int64_t>(c10::cuda::current_device()); });
   // {mangled c10::cuda symbol: shared object defining it}, as bound for this extension.

@@ -29,7 +29,7 @@ def run_python(code: str) -> subprocess.CompletedProcess[str]:
 def test_tinydev_is_the_privateuse1_device():
     assert torch._C._get_privateuse1_backend_name() == "tinydev"
     assert torch.tinydev is tinydev
-    assert torch.tinydev.device_count() == 1
+    assert torch.tinydev.device_count() == 2
     tensor = torch.ones(2, 3, device="tinydev")
     assert tensor.device == torch.device("tinydev", 0)
     assert tensor.is_tinydev

@@ -206,7 +206,7 @@ class FallbackCall {
   const c10::Storage& home_storage(const c10::Storage& storage) {
     c10::StorageImpl* key = storage.unsafeGetStorageImpl();
     if (c10::Storage* known = home_storages_.find(key)) return *known;
-    c10::Storage home = backend_.home_storage(storage);
+    c10::Storage home = home_storage_of(backend_, storage);
     if (resizable_storages_.find(key) != nullptr) home = resizable_alias(storage, home);
     return home_storages_.insert(key, std::move(home));
   }
@@ -365,7 +365,7 @@ class FallbackCall {
       return adopt_result(backend_, tensor, home, index);
     }
     record_.add_bytes_from_target(nbytes(tensor));
-    return backend_.adopt(copied_to_home(tensor, home), index);
+    return adopt_home_tensor(backend_, copied_to_home(tensor, home), index);
   }
 
   void move_arguments_to_target() {

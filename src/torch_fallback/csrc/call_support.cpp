@@ -4,6 +4,8 @@
 
 #include <ATen/MemoryOverlap.h>
 #include <ATen/NestedTensorImpl.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -24,16 +26,67 @@ std::pair<int64_t, int64_t> byte_extent(const at::Tensor& tensor) {
   return {tensor.storage_offset() * item, (last + 1) * item};
 }
 
-static void release_storage_reference(void* ctx) { delete static_cast<c10::Storage*>(ctx); }
+namespace {
+
+void release_storages(void* ctx) { delete static_cast<std::pair<c10::Storage, c10::Storage>*>(ctx); }
+
+// An open access to a backend storage's bytes (BackendAdapter::begin_access),
+// ended when the last tensor over its home storage is gone.
+struct OpenAccess {
+  const BackendAdapter* backend;
+  c10::Storage storage;  // the backend's
+  c10::Storage home;
+
+  static void end(void* ctx) {
+    std::unique_ptr<OpenAccess> access(static_cast<OpenAccess*>(ctx));
+    access->home = c10::Storage();  // the home view goes before the access ends
+    access->backend->end_access(access->storage);
+  }
+};
+
+}  // namespace
 
 // A resizable storage over `home`'s bytes that keeps `backend` (whose memory
-// they are) alive; a resize gives it new memory and leaves both untouched.
+// they are) and `home` (an access to them) alive; a resize gives it new memory
+// and leaves both untouched.
 c10::Storage resizable_alias(const c10::Storage& backend, const c10::Storage& home) {
   const c10::Device device = home.device();
-  c10::DataPtr data(const_cast<void*>(home.data()), new c10::Storage(backend),
-                    &release_storage_reference, device);
+  c10::DataPtr data(const_cast<void*>(home.data()),
+                    new std::pair<c10::Storage, c10::Storage>(backend, home), &release_storages,
+                    device);
   return c10::Storage(c10::Storage::use_byte_size_t(), home.nbytes(), std::move(data),
                       c10::GetAllocator(device.type()), /*resizable=*/true);
+}
+
+c10::Storage home_storage_of(const BackendAdapter& backend, const c10::Storage& storage) {
+  if (backend.begin_access == nullptr) return backend.home_storage(storage);
+  backend.begin_access(storage);
+  auto access = std::make_unique<OpenAccess>(OpenAccess{&backend, storage, c10::Storage()});
+  try {
+    access->home = backend.home_storage(storage);
+  } catch (...) {
+    backend.end_access(storage);
+    throw;
+  }
+  const c10::Storage& home = access->home;
+  const size_t nbytes = home.nbytes();
+  c10::Allocator* allocator = home.allocator();
+  c10::DataPtr data(const_cast<void*>(home.data()), access.get(), &OpenAccess::end, home.device());
+  access.release();  // the DataPtr owns it now
+  return c10::Storage(c10::Storage::use_byte_size_t(), nbytes, std::move(data), allocator,
+                      /*resizable=*/false);
+}
+
+at::Tensor adopt_home_tensor(const BackendAdapter& backend, const at::Tensor& home_tensor,
+                             c10::DeviceIndex index) {
+  if (backend.adopt != nullptr) return backend.adopt(home_tensor, index);
+  // Into memory the backend allocates itself, filled through a home view of it.
+  const c10::TensorOptions options = home_tensor.options().device(backend.device_type, index);
+  at::Tensor result = home_tensor.is_non_overlapping_and_dense()
+                          ? at::empty_strided(home_tensor.sizes(), home_tensor.strides(), options)
+                          : at::empty(home_tensor.sizes(), options);
+  home_view(backend, result).copy_(home_tensor);
+  return result;
 }
 
 // The target an op runs on before its kernels are looked at: the CPU op list,
@@ -75,9 +128,10 @@ void check_servable_result(const OpRules& rules, c10::DeviceType backend, const 
 at::Tensor adopt_result(const BackendAdapter& backend, const at::Tensor& result, c10::Device home,
                         c10::DeviceIndex index) {
   if (result._is_zerotensor()) {
-    return backend.adopt(at::zeros(result.sizes(), result.options().device(home)), index);
+    return adopt_home_tensor(backend, at::zeros(result.sizes(), result.options().device(home)),
+                             index);
   }
-  return backend.adopt(result, index);
+  return adopt_home_tensor(backend, result, index);
 }
 
 at::Tensor tensor_over(const c10::Storage& storage, c10::Device device, const at::Tensor& like) {
@@ -112,7 +166,7 @@ at::Tensor backend_tensor_over(c10::Storage storage, const at::Tensor& home_tens
 }
 
 at::Tensor home_view(const BackendAdapter& backend, const at::Tensor& tensor) {
-  return tensor_over(backend.home_storage(tensor.storage()), backend.home_device(tensor.storage()),
+  return tensor_over(home_storage_of(backend, tensor.storage()), backend.home_device(tensor.storage()),
                      tensor);
 }
 
@@ -123,7 +177,7 @@ void copy_between(const BackendAdapter& backend, const at::Tensor& src, const at
   const auto on_home = [&](const at::Tensor& tensor) {
     if (tensor.device().type() != backend.device_type) return tensor;
     const c10::Storage& storage = tensor.storage();
-    return pooled_tensor_over(pool, backend.home_storage(storage), backend.home_device(storage),
+    return pooled_tensor_over(pool, home_storage_of(backend, storage), backend.home_device(storage),
                               tensor);
   };
   if (src.device().type() == backend.device_type && dst.device().type() == backend.device_type &&

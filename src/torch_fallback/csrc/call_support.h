@@ -53,6 +53,16 @@ extern const std::thread::id g_loading_thread;
 // they are) alive; a resize gives it new memory and leaves both untouched.
 c10::Storage resizable_alias(const c10::Storage& backend, const c10::Storage& home);
 
+// backend.home_storage(storage), within an access to its bytes where the
+// backend locks them (BackendAdapter::begin_access): every home view the
+// library makes comes from here.
+c10::Storage home_storage_of(const BackendAdapter& backend, const c10::Storage& storage);
+
+// A backend tensor on device `index` holding a home tensor's values: adopted
+// where the backend adopts memory, else copied into memory it allocates.
+at::Tensor adopt_home_tensor(const BackendAdapter& backend, const at::Tensor& home_tensor,
+                             c10::DeviceIndex index);
+
 // The target an op runs on before its kernels are looked at: the CPU op list,
 // then the target setting; 'auto' takes the GPU where the op has a kernel there.
 Target wanted_target(const OpRules& rules, bool nested);

@@ -129,7 +129,7 @@ at::Tensor DirectCall::view_of(const at::Tensor& tensor) {
   c10::StorageImpl* backend_storage = tensor.storage().unsafeGetStorageImpl();
   const c10::Storage* home = home_in_call(backend_storage);
   if (home == nullptr) {
-    homes_.emplace_back(backend_storage, backend_.home_storage(tensor.storage()));
+    homes_.emplace_back(backend_storage, home_storage_of(backend_, tensor.storage()));
     home = &homes_.back().second;
   }
   return pooled_tensor_over(pool_, *home, target_, tensor);
@@ -138,13 +138,15 @@ at::Tensor DirectCall::view_of(const at::Tensor& tensor) {
 at::Tensor DirectCall::kept_view_of(const at::Tensor& tensor, bool add) {
   // Kept views are plain tensors of the target: none made in inference mode or
   // under a Python dispatch mode, where the pool is off too.
-  KeptTargetView* kept = pool_ != nullptr ? KeptTargetView::of(tensor, add) : nullptr;
+  // They live in BackendMeta, which only a backend that lends it gives us.
+  KeptTargetView* kept =
+      pool_ != nullptr && backend_.lend_backend_meta ? KeptTargetView::of(tensor, add) : nullptr;
   if (kept == nullptr) return view_of(tensor);
   std::optional<KeptTargetView::View> view = kept->get(tensor, target_);
   if (!view) {
     const c10::Storage& storage = tensor.storage();
-    c10::Storage home = backend_.home_storage(storage);
-    const bool shared = backend_.home_storage(storage).unsafeGetStorageImpl() ==
+    c10::Storage home = home_storage_of(backend_, storage);
+    const bool shared = home_storage_of(backend_, storage).unsafeGetStorageImpl() ==
                         home.unsafeGetStorageImpl();
     view = KeptTargetView::View{tensor_over(home, target_, tensor), shared};
     kept->keep(tensor, *view);

@@ -8,7 +8,10 @@
 #include <tuple>
 #include <typeinfo>
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/native/Resize.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/SDPBackend.h>
@@ -43,6 +46,46 @@ at::Tensor reshape_alias(const at::Tensor& self, c10::SymIntArrayRef size,
 
 at::Tensor unfold(const at::Tensor& self, int64_t dimension, int64_t size, int64_t step) {
   return at::native::unfold(self, dimension, size, step);
+}
+
+// set_: a tensor's metadata over a storage, as the CPU's kernels set it; a
+// storage too small for it is grown by the backend (its PrivateUse1 hooks).
+at::Tensor& set_storage(at::Tensor& self, at::Storage source, c10::SymInt storage_offset,
+                        c10::SymIntArrayRef size, c10::SymIntArrayRef stride) {
+  const int64_t offset = storage_offset.expect_int();
+  const auto sizes = C10_AS_INTARRAYREF_SLOW(size);
+  const auto strides = C10_AS_INTARRAYREF_SLOW(stride);
+  at::native::checkSetStorage(self, std::move(source), offset, sizes, strides);
+  self.unsafeGetTensorImpl()->set_storage_offset(offset);
+  const at::OptionalIntArrayRef stride_opt =
+      strides.data() != nullptr ? at::OptionalIntArrayRef(strides) : std::nullopt;
+  at::native::resize_impl_cpu_(self.unsafeGetTensorImpl(), sizes, stride_opt,
+                               /*resize_storage=*/false);
+  const size_t needed = at::detail::computeStorageNbytes(
+      self.sizes(), self.strides(), self.dtype().itemsize(), self.storage_offset());
+  if (self.numel() > 0 && needed > self.storage().nbytes()) {
+    at::detail::getPrivateUse1Hooks().resizePrivateUse1Bytes(self.storage(), needed);
+  }
+  return self;
+}
+
+at::Tensor& set_source_storage(at::Tensor& self, at::Storage source) {
+  const auto itemsize = static_cast<int64_t>(self.dtype().itemsize());
+  const int64_t numel = static_cast<int64_t>(source.nbytes()) / itemsize;
+  return set_storage(self, std::move(source), 0, c10::SymIntArrayRef({c10::SymInt(numel)}), {});
+}
+
+at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) {
+  if (self.is_same(source)) return self;
+  return set_storage(self, source.storage(), source.sym_storage_offset(), source.sym_sizes(),
+                     source.sym_strides());
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  c10::Allocator* allocator = c10::GetAllocator(self.device().type());
+  c10::Storage empty(c10::Storage::use_byte_size_t(), 0, allocator->allocate(0), allocator,
+                     /*resizable=*/true);
+  return set_storage(self, std::move(empty), 0, c10::SymIntArrayRef({c10::SymInt(0)}), {});
 }
 
 bool returns_a_view(const c10::FunctionSchema& schema) {
@@ -94,6 +137,11 @@ void register_view_kernels(torch::Library& aten, c10::DeviceType device_type) {
   impl("unfold", TORCH_FN(unfold));
   impl("view_as_real", TORCH_FN(at::native::view_as_real));
   impl("view_as_complex", TORCH_FN(at::native::view_as_complex));
+  if (device_type != c10::DeviceType::PrivateUse1) return;  // set_ grows storages by its hooks
+  impl("set_.source_Storage", TORCH_FN(set_source_storage));
+  impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage));
+  impl("set_.source_Tensor", TORCH_FN(set_source_tensor));
+  impl("set_", TORCH_FN(set_empty));
 }
 
 // Ops with their own CPU or CUDA kernel and a composite one that other devices
@@ -178,6 +226,11 @@ std::array<std::atomic<const BackendAdapter*>,
 }  // namespace
 
 void register_adapter(const BackendAdapter& backend) {
+  TORCH_CHECK((backend.begin_access == nullptr) == (backend.end_access == nullptr),
+              "torch_fallback: the adapter of ", c10::DeviceTypeName(backend.device_type, true),
+              " sets ", backend.begin_access != nullptr ? "begin_access" : "end_access",
+              " without ", backend.begin_access != nullptr ? "end_access" : "begin_access",
+              ": set both (an access that begins must end) or neither.");
   adapters[static_cast<size_t>(backend.device_type)] = &backend;
 }
 
@@ -219,10 +272,17 @@ bool has_kernel(const std::string& name, c10::DeviceType device_type) {
 }
 
 void register_sdp_choice() {
-  // DispatchStub cannot be asked whether a backend set this pointer itself
-  // (is_device_supported's helper is not exported): a backend with its own
-  // choice sets it after register_kernels.
-  at::native::_fused_sdp_choice_stub.set_privateuse1_dispatch_ptr(&SdpChoice<SdpChoiceFn>::choose);
+  // A backend's own choice wins whichever static initializer runs first: set
+  // before this, it is left in place (read through the stub's only member, a
+  // DispatchStubImpl, which is public and first in a standard-layout struct);
+  // set after, REGISTER_PRIVATEUSE1_DISPATCH overwrites this one.
+  auto& stub = at::native::_fused_sdp_choice_stub;
+  static_assert(std::is_standard_layout_v<std::remove_reference_t<decltype(stub)>>);
+  if (reinterpret_cast<const at::native::DispatchStubImpl&>(stub).privateuse1_dispatch_ptr !=
+      nullptr) {
+    return;
+  }
+  stub.set_privateuse1_dispatch_ptr(&SdpChoice<SdpChoiceFn>::choose);
 }
 
 void register_math_bit_fallthroughs() {

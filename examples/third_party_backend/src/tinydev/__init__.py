@@ -1,12 +1,13 @@
 """tinydev: a PyTorch device, built on torch-fallback by a third party.
 
 ``import tinydev`` renames PyTorch's PrivateUse1 device to ``tinydev``:
-``torch.ones(3, device="tinydev")``. Its tensors keep their bytes in host
-memory. tinydev implements natively only its memory (``empty.memory_format``,
-``empty_strided``, ``resize_``); views and copies come from torch-fallback's
-kernels and every other op runs through torch-fallback's boxed fallback, on
-its target (``torch_fallback.set_target("cpu" | "cuda" | "auto")``), counted
-in ``torch_fallback.metrics()``.
+``torch.ones(3, device="tinydev:1")``. It has the traits of PyTorch's reference
+backend, torch_openreg: two devices; host memory that stays locked (PROT_NONE)
+outside an access, with its own allocation table; its own view, ``_copy_from``
+and attention-choice kernels; its own BackendMeta, which ``torch.save`` keeps.
+Every other op runs through torch-fallback's boxed fallback, on its target
+(``torch_fallback.set_target("cpu" | "cuda" | "auto")``), counted in
+``torch_fallback.metrics()``.
 """
 
 from __future__ import annotations
@@ -63,18 +64,39 @@ def _is_in_bad_fork() -> bool:
 
 
 def device_count() -> int:
-    """One device, tinydev:0."""
-    return 1
+    """Two devices, tinydev:0 and tinydev:1."""
+    return 2
 
 
 def current_device() -> int:
-    return 0
+    return _ops.current_device()
+
+
+def _index(device: int | str | torch.device | None) -> int | None:
+    if device is None or isinstance(device, int):
+        return device
+    return torch.device(device).index
 
 
 def set_device(device: int | str | torch.device) -> None:
-    index = device if isinstance(device, int) else torch.device(device).index
-    if index not in (None, 0):
-        raise ValueError(f"tinydev:{index} does not exist; there is one tinydev device, tinydev:0")
+    if (index := _index(device)) is not None:
+        _ops.set_device(index)  # IndexError for a device tinydev does not have
+
+
+class device:
+    """``with tinydev.device(1):`` makes tinydev:1 the current device (torch.load uses it)."""
+
+    def __init__(self, device: int | str | torch.device | None) -> None:
+        self.index = _index(device)
+        self.previous = 0
+
+    def __enter__(self) -> None:
+        self.previous = current_device()
+        if self.index is not None:
+            set_device(self.index)
+
+    def __exit__(self, *exc_info: object) -> None:
+        set_device(self.previous)
 
 
 def synchronize(device: int | str | torch.device | None = None) -> None:
@@ -93,8 +115,34 @@ def manual_seed_all(seed: int) -> None:
 
 
 def live_allocations() -> int:
-    """Storages tinydev's allocator made that are still alive."""
+    """Allocations tinydev's allocator made that are still alive (its allocation table)."""
     return _ops.live_allocations()
+
+
+def open_accesses() -> int:
+    """Accesses open over tinydev's memory, which is locked (PROT_NONE) when none is."""
+    return _ops.open_accesses()
+
+
+def device_of(address: int) -> int:
+    """The tinydev device whose allocation holds ``address``; -1 when tinydev made none there."""
+    return _ops.device_of(address)
+
+
+def own_kernel_calls(name: str) -> int:
+    """Calls of tinydev's own kernel ``name``: view, as_strided, _reshape_alias, _copy_from or
+    _fused_sdp_choice (the attention choice), which torch-fallback must leave in place."""
+    return _ops.own_kernel_calls(name)
+
+
+def set_meta(tensor: torch.Tensor, version: int) -> None:
+    """Put tinydev's own BackendMeta (a version number) on ``tensor``; torch.save keeps it."""
+    _ops.set_meta(tensor, version)
+
+
+def meta_version(tensor: torch.Tensor) -> int:
+    """The version in ``tensor``'s tinydev BackendMeta; 0 when it has none."""
+    return _ops.meta_version(tensor)
 
 
 def cuda_symbol_providers() -> dict[str, str]:

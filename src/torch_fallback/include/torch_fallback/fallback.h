@@ -39,7 +39,7 @@
 //   kept view    a backend tensor's view on the target, kept by the library from
 //                one call to the next while it still matches (library-internal).
 //
-// Stable (TORCH_FALLBACK_API_VERSION 1): everything in this header and in
+// Stable (TORCH_FALLBACK_API_VERSION 2): everything in this header and in
 // kernels.h, cuda.h, cuda_functions.h and python_module.h outside a `detail`
 // namespace. torch_fallback/detail/ is machinery the templates need; it may
 // change in any release.
@@ -76,13 +76,31 @@ struct BackendAdapter {
   c10::Storage (*home_storage)(const c10::Storage& storage);
   // The home device for new backend tensors on backend device `index`.
   c10::Device (*output_home)(c10::DeviceIndex index);
-  // A backend tensor on device `index` taking over a home-device tensor's memory.
+  // A backend tensor on device `index` taking over a home-device tensor's memory
+  // (backend_tensor_over). Null: the backend keeps only memory its allocator
+  // made (an allocation table, say), and the library copies each result into a
+  // backend tensor it allocates with at::empty_strided on the backend device.
   at::Tensor (*adopt)(const at::Tensor& home_tensor, c10::DeviceIndex index);
   // Optional: the generator a random op running on `target` draws from, for
   // the backend generator it was given (none: the backend's default generator
   // for device `index`). Without it, random ops use the target's generators.
   at::Generator (*target_generator)(const std::optional<at::Generator>& generator,
                                     c10::DeviceIndex index, c10::Device target) = nullptr;
+  // Optional, both or neither: for memory that is locked outside the backend's
+  // own kernels (mprotect). begin_access(storage) runs before the library asks
+  // home_storage for a view of `storage`'s bytes, and end_access(storage) once
+  // the last tensor over that view is gone, whenever that is: views a kernel
+  // returns, or the library keeps, keep the access open. Calls nest: count them
+  // per storage. Neither is called under a lock of the library.
+  void (*begin_access)(const c10::Storage& storage) = nullptr;
+  void (*end_access)(const c10::Storage& storage) = nullptr;
+  // Whether the library may keep its per-tensor state in a backend tensor's
+  // BackendMeta slot when that slot is empty: the target views of an
+  // optimizer's parameters and states, reused from step to step (fewer host
+  // instructions per step). Leave it false if the backend sets BackendMeta or
+  // reads it (a serialization hook) anywhere: the library then keeps no state
+  // on the backend's tensors at all.
+  bool lend_backend_meta = false;
 };
 
 // Runs `op` from `stack` on the fallback target for `backend`'s tensors.
@@ -126,8 +144,10 @@ TORCH_FALLBACK_API void copy_between(const BackendAdapter& backend, const at::Te
                                      const at::Tensor& dst, bool non_blocking);
 
 // Registers the metadata-only view ops (as_strided, view, _reshape_alias,
-// unfold, view_as_real, view_as_complex) that `device_type` has no kernel for
-// yet: a boxed fallback cannot return views, so every backend needs them natively.
+// unfold, view_as_real, view_as_complex) and, for PrivateUse1, the set_ ops
+// (which grow a storage through the backend's PrivateUse1 hooks) that
+// `device_type` has no kernel for yet: a boxed fallback cannot return views or
+// rebind a tensor's storage, so every backend needs them natively.
 TORCH_FALLBACK_API void register_view_kernels(torch::Library& aten, c10::DeviceType device_type);
 
 // Ops whose composite (device-agnostic) kernels do not serve a third-party

@@ -1,5 +1,5 @@
-// The only ops relay implements itself: allocation, resize, set_ and lazy
-// clones. Views and copies come from torch-fallback's public API, and every
+// The only ops relay implements itself: allocation, resize and lazy clones.
+// Views, set_ and copies come from torch-fallback's public API, and every
 // other op reaches the boxed fallback, registered at the end.
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/Resize.h>
@@ -49,43 +49,6 @@ const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
   return self;
 }
 
-at::Tensor& set_storage(at::Tensor& self, at::Storage source, c10::SymInt storage_offset,
-                        c10::SymIntArrayRef size, c10::SymIntArrayRef stride) {
-  const int64_t offset = storage_offset.expect_int();
-  const auto sizes = C10_AS_INTARRAYREF_SLOW(size);
-  const auto strides = C10_AS_INTARRAYREF_SLOW(stride);
-  at::native::checkSetStorage(self, std::move(source), offset, sizes, strides);
-  self.unsafeGetTensorImpl()->set_storage_offset(offset);
-  const at::OptionalIntArrayRef stride_opt =
-      strides.data() != nullptr ? at::OptionalIntArrayRef(strides) : std::nullopt;
-  at::native::resize_impl_cpu_(self.unsafeGetTensorImpl(), sizes, stride_opt,
-                               /*resize_storage=*/false);
-  const size_t needed = at::detail::computeStorageNbytes(
-      self.sizes(), self.strides(), self.dtype().itemsize(), self.storage_offset());
-  if (self.numel() > 0 && needed > self.storage().nbytes()) {
-    resize_storage_bytes(self.storage(), needed);
-  }
-  return self;
-}
-
-at::Tensor& set_source_storage(at::Tensor& self, at::Storage source) {
-  const auto itemsize = static_cast<int64_t>(self.dtype().itemsize());
-  const int64_t numel = static_cast<int64_t>(source.nbytes()) / itemsize;
-  return set_storage(self, std::move(source), 0, c10::SymIntArrayRef({c10::SymInt(numel)}), {});
-}
-
-at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) {
-  if (self.is_same(source)) return self;
-  return set_storage(self, source.storage(), source.sym_storage_offset(), source.sym_sizes(),
-                     source.sym_strides());
-}
-
-at::Tensor& set_empty(at::Tensor& self) {
-  c10::Storage empty(c10::Storage::use_byte_size_t(), 0, allocator()->allocate(0), allocator(),
-                     /*resizable=*/true);
-  return set_storage(self, std::move(empty), 0, c10::SymIntArrayRef({c10::SymInt(0)}), {});
-}
-
 // Copy-on-write needs a storage whose DataPtr owns its data directly; relay's
 // CUDA-homed and adopted storages hold a context instead, so they are cloned
 // eagerly, which is what a lazy clone must behave like.
@@ -104,10 +67,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
   m.impl("empty_strided", TORCH_FN(empty_strided));
   m.impl("resize_", TORCH_FN(resize_));
-  m.impl("set_.source_Storage", TORCH_FN(set_source_storage));
-  m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage));
-  m.impl("set_.source_Tensor", TORCH_FN(set_source_tensor));
-  m.impl("set_", TORCH_FN(set_empty));
   m.impl("_lazy_clone", TORCH_FN(lazy_clone));
   torch_fallback::register_kernels<&backend>(m);  // last: relay's own kernels stay
 }

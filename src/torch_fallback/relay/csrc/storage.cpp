@@ -248,10 +248,12 @@ void resize_storage_bytes(const c10::Storage& storage, size_t nbytes) {
 }
 
 const BackendAdapter& backend() {
-  static const BackendAdapter adapter{
-      c10::DeviceType::PrivateUse1, &home_device,   &home_storage, &output_home,
-      &adopt,                       &target_generator,
-  };
+  static const BackendAdapter adapter = [] {
+    BackendAdapter relay{c10::DeviceType::PrivateUse1, &home_device, &home_storage, &output_home,
+                         &adopt, &target_generator};
+    relay.lend_backend_meta = true;  // relay keeps no state of its own there
+    return relay;
+  }();
   return adapter;
 }
 
