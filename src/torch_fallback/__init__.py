@@ -3,8 +3,9 @@
 Importing it loads the library (choosing how the c10::cuda symbols resolve)
 and applies the TORCH_FALLBACK_* settings. It registers no device and changes
 no torch global: a backend attaches the fallback through the C++ API
-(headers in get_include()), and `import torch_fallback.relay` registers the
-demo device relay.
+(headers in get_include(); for CMake, find_package(torch_fallback) from
+get_cmake_dir()), and `import torch_fallback.relay` registers the demo device
+relay.
 """
 
 from __future__ import annotations
@@ -37,8 +38,16 @@ def get_include() -> str:
     return str(Path(__file__).parent / "include")
 
 
+def get_cmake_dir() -> str:
+    """The directory of torch-fallback's CMake package (torch_fallbackConfig.cmake): put it
+    on CMAKE_PREFIX_PATH for find_package(torch_fallback), which defines the target
+    torch_fallback::headers."""
+    return str(Path(__file__).parent / "share" / "cmake" / "torch_fallback")
+
+
 __all__ = [
     "OpMetrics",
+    "get_cmake_dir",
     "get_cpu_ops",
     "get_cuda_sync",
     "get_include",

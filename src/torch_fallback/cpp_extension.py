@@ -37,6 +37,11 @@ defines. With ``options=ABI3_WHEEL_OPTIONS`` the wheel is tagged ``cp310-abi3``:
 one file for every CPython from 3.10 on. A backend that needs pybind11 passes
 ``py_limited_api=False`` and builds one wheel per Python.
 
+A backend built with CMake instead finds the same API as a CMake package:
+``find_package(torch_fallback)`` with ``get_cmake_dir()`` on ``CMAKE_PREFIX_PATH``
+gives the target ``torch_fallback::headers`` (examples/third_party_backend's
+CMakeLists.txt builds tinydev so).
+
 Importing this module imports torch_fallback, which refuses (ImportError) a
 torch other than the one its wheel was built against: a backend is never
 compiled against a mismatched pair.
@@ -52,7 +57,7 @@ from typing import Any
 from setuptools import Extension
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
-from . import get_include
+from . import get_cmake_dir, get_include
 
 HEADERS = (
     "api.h",
@@ -117,5 +122,6 @@ __all__ = [
     "BackendExtension",
     "BuildExtension",
     "check_headers",
+    "get_cmake_dir",
     "include_dir",
 ]

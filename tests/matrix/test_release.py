@@ -135,6 +135,8 @@ def test_the_sdist_holds_the_sources_and_builds_without_torch(
         "src/torch_fallback/csrc/boxed_call.cpp",
         "src/torch_fallback/relay/csrc/relay.h",
         "src/torch_fallback/include/torch_fallback/python_module.h",
+        "src/torch_fallback/share/cmake/torch_fallback/torch_fallbackConfig.cmake",
+        "src/torch_fallback/share/cmake/torch_fallback/torch_fallbackConfigVersion.cmake",
     ):
         assert required in names, required
     assert not [name for name in names if name.endswith(".so")]

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 from setuptools import Extension
 
 import torch_fallback
-from torch_fallback.cpp_extension import HEADERS, BackendExtension, check_headers, include_dir
+from torch_fallback.cpp_extension import (
+    HEADERS,
+    BackendExtension,
+    check_headers,
+    get_cmake_dir,
+    include_dir,
+)
 
 
 def test_include_dir_holds_every_public_header():
@@ -54,3 +61,25 @@ def test_a_backend_that_needs_pybind11_can_leave_the_stable_abi():
 def test_missing_headers_are_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="has no public C\\+\\+ API"):
         check_headers(tmp_path)
+
+
+def test_the_cmake_package_lies_beside_the_headers():
+    directory = Path(torch_fallback.get_cmake_dir())
+    assert get_cmake_dir is torch_fallback.get_cmake_dir
+    config = directory / "torch_fallbackConfig.cmake"
+    assert config.is_file() and (directory / "torch_fallbackConfigVersion.cmake").is_file()
+    # The config finds the headers three directories up, and checks the ones HEADERS lists.
+    assert (directory / "../../../include").resolve() == include_dir()
+    listed = re.search(r"foreach\(_torch_fallback_header IN ITEMS([^)]*)\)", config.read_text())
+    assert listed is not None
+    assert set(listed[1].split()) == set(HEADERS)
+
+
+def test_the_cmake_package_reads_its_version_from_the_package():
+    """No second version string: the version file reads __version__ from __init__.py."""
+    directory = Path(torch_fallback.get_cmake_dir())
+    version_file = (directory / "torch_fallbackConfigVersion.cmake").read_text()
+    assert '"${CMAKE_CURRENT_LIST_DIR}/../../../__init__.py"' in version_file
+    init = (directory / "../../../__init__.py").resolve()
+    assert init == Path(torch_fallback.__file__).resolve()
+    assert f'\n__version__ = "{torch_fallback.__version__}"\n' in init.read_text()

@@ -24,8 +24,23 @@ TARGETS = [
 ]
 
 
+# tinydev:1's ops run on cuda:1 under the CUDA target
+TARGETS_OF_TWO_DEVICES = [
+    pytest.param("cpu", id="target-cpu"),
+    pytest.param(
+        "cuda", id="target-cuda", marks=[pytest.mark.requires_cuda, pytest.mark.requires_two_gpus]
+    ),
+]
+
+
 @pytest.fixture(params=TARGETS)
 def target(request: pytest.FixtureRequest) -> Iterator[str]:
+    with torch_fallback.target(request.param):
+        yield request.param
+
+
+@pytest.fixture(params=TARGETS_OF_TWO_DEVICES)
+def target_of_two(request: pytest.FixtureRequest) -> Iterator[str]:
     with torch_fallback.target(request.param):
         yield request.param
 
@@ -86,7 +101,7 @@ def test_every_access_the_library_opens_is_closed(target):
         assert_close(actual.cpu(), expected)
 
 
-def test_results_are_in_tinydevs_allocation_table(target):
+def test_results_are_in_tinydevs_allocation_table(target_of_two):
     x = torch.randn(64, 64).to("tinydev:1")
     results = [x @ x, torch.sin(x), x.sum(dim=0), torch.cat([x, x]), x.t().contiguous()]
     for result in results:
@@ -155,7 +170,7 @@ def test_the_library_puts_nothing_in_backend_meta(target):
         assert_close(loaded.cpu(), saved.cpu())
 
 
-def test_two_devices(target):
+def test_two_devices(target_of_two):
     assert tinydev.device_count() == 2
     a = torch.arange(6.0).to("tinydev:0")
     b = a.to("tinydev:1")  # tinydev's own _copy_from, across devices
