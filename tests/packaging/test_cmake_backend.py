@@ -56,14 +56,30 @@ def cmake_program() -> str:
     return found
 
 
-def generator() -> list[str]:
-    """Ninja where there is one (the `ninja` package's or on PATH), else Unix Makefiles."""
+def ninja_program() -> str | None:
+    """The ninja program: on PATH, else the `ninja` package's (its script lies in the
+    environment's bin/, which a cell's run venv does not put on PATH)."""
+    candidates = [shutil.which("ninja")]
     try:
         import ninja
     except ImportError:
-        found = shutil.which("ninja")
+        pass
     else:
-        found = str(Path(ninja.BIN_DIR) / "ninja")
+        package = Path(ninja.__file__).resolve().parent
+        candidates += [
+            str(Path(getattr(ninja, "BIN_DIR", "")) / "ninja"),
+            str(package / "data" / "bin" / "ninja"),
+            str(package.parents[3] / "bin" / "ninja"),  # <prefix>/lib/pythonX.Y/site-packages
+        ]
+    for candidate in candidates:
+        if candidate and Path(candidate).is_absolute() and Path(candidate).is_file():
+            return candidate
+    return None
+
+
+def generator() -> list[str]:
+    """Ninja where there is one, else Unix Makefiles."""
+    found = ninja_program()
     if found is None:
         return ["-G", "Unix Makefiles"]
     return ["-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={found}"]
@@ -120,7 +136,7 @@ def probe_package(tmp_path: Path, *options: str) -> str:
     (tmp_path / "probe").mkdir(exist_ok=True)
     (tmp_path / "probe" / "CMakeLists.txt").write_text(PACKAGE_PROBE, encoding="utf-8")
     build = tmp_path / "probe" / f"build-{len(list((tmp_path / 'probe').glob('build-*')))}"
-    command = [cmake_program(), "-S", tmp_path / "probe", "-B", build, *options]
+    command = [cmake_program(), "-S", tmp_path / "probe", "-B", build, *generator(), *options]
     command.append(f"-DCMAKE_PREFIX_PATH={torch_fallback.get_cmake_dir()}")
     return run(command, "configuring a project that finds torch_fallback")
 
