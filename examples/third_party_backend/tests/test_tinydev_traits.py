@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import gc
 import io
-import subprocess
-import sys
-import textwrap
 from collections.abc import Iterator
 
 import pytest
 import torch
 import torch.nn.functional as F
+from test_tinydev_device import run_python
 from torch.testing import assert_close
 
 import tinydev
@@ -43,16 +41,6 @@ def target(request: pytest.FixtureRequest) -> Iterator[str]:
 def target_of_two(request: pytest.FixtureRequest) -> Iterator[str]:
     with torch_fallback.target(request.param):
         yield request.param
-
-
-def run_python(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
 
 
 def a_training_step(device: str) -> list[torch.Tensor]:
