@@ -91,6 +91,14 @@ void DirectCall::offer(const at::ITensorListRef& tensors) {
   ++lists_offered_;
 }
 
+void DirectCall::offer(const c10::List<std::optional<at::Tensor>>& tensors) {
+  const size_t single = tensors_;
+  for (const std::optional<at::Tensor>& tensor : tensors) offer(tensor);
+  tensors_ = single;
+  list_tensors_ += tensors.size();
+  ++lists_offered_;
+}
+
 void DirectCall::offer(std::optional<c10::ScalarType> dtype) {
   usable_ = usable_ && !(dtype && c10::isQIntType(*dtype));
 }
@@ -203,6 +211,24 @@ at::ITensorListRef DirectCall::on_target(const at::ITensorListRef& tensors) {
                         : tensor);
   }
   return at::ITensorListRef(views);
+}
+
+c10::List<std::optional<at::Tensor>> DirectCall::on_target(
+    const c10::List<std::optional<at::Tensor>>& tensors) {
+  std::vector<at::Tensor>& views = view_lists_.emplace_back();  // parked with the call
+  views.reserve(tensors.size());
+  c10::List<std::optional<at::Tensor>> on_target;
+  on_target.reserve(tensors.size());
+  for (const std::optional<at::Tensor>& tensor : tensors) {
+    if (tensor.has_value() && tensor->defined() &&
+        tensor->device().type() == backend_.device_type) {
+      views.push_back(view_of(*tensor));
+      on_target.push_back(views.back());
+    } else {
+      on_target.push_back(tensor);
+    }
+  }
+  return on_target;
 }
 
 at::Tensor DirectCall::finish(const at::Tensor& result) {

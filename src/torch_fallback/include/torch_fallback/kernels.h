@@ -56,6 +56,25 @@ void register_kernels(torch::Library& aten) {
       ops::_scaled_dot_product_efficient_attention_backward,
       ops::_scaled_dot_product_flash_attention_for_cpu,
       ops::_scaled_dot_product_flash_attention_for_cpu_backward>(aten);
+  // The pointwise, comparison, indexing and reduction ops of inference and
+  // decoding (normalization, rotary embeddings, activations, masks, sampling),
+  // and the backward kernels of those that train: launch-bound work pays a boxed call
+  // for each of them.
+  detail::register_direct_kernels<
+      Adapter, ops::pow_Tensor_Scalar, ops::pow_Tensor_Tensor, ops::rsqrt, ops::sqrt, ops::neg,
+      ops::exp, ops::log, ops::abs, ops::sin, ops::cos, ops::tanh, ops::sigmoid, ops::silu,
+      ops::hardtanh, ops::clamp, ops::minimum, ops::maximum, ops::where_self, ops::eq_Scalar,
+      ops::eq_Tensor, ops::ne_Scalar, ops::ne_Tensor, ops::lt_Scalar, ops::lt_Tensor,
+      ops::le_Scalar, ops::le_Tensor, ops::gt_Scalar, ops::gt_Tensor, ops::ge_Scalar,
+      ops::ge_Tensor, ops::bitwise_and_Tensor, ops::bitwise_or_Tensor, ops::bitwise_not,
+      ops::ceil, ops::floor, ops::sign, ops::masked_fill__Scalar, ops::index_select,
+      ops::index_Tensor, ops::_index_put_impl_, ops::index_add_, ops::gather, ops::scatter__value,
+      ops::scatter_src, ops::nonzero, ops::baddbmm, ops::cumsum, ops::argmax, ops::max,
+      ops::max_dim, ops::topk, ops::any, ops::all, ops::all_dim, ops::any_dim,
+      ops::_local_scalar_dense, ops::max_pool2d_with_indices, ops::native_group_norm,
+      ops::silu_backward, ops::sigmoid_backward, ops::tanh_backward, ops::hardtanh_backward,
+      ops::max_pool2d_with_indices_backward, ops::native_group_norm_backward,
+      ops::embedding_dense_backward>(aten);
   detail::register_direct_kernel<Adapter, ops::native_batch_norm, detail::BatchNormOnTarget>(aten);
   detail::register_direct_kernel<Adapter, ops::native_batch_norm_backward,
                                  detail::BatchNormBackwardOnTarget>(aten);

@@ -12,6 +12,8 @@
 #include <ATen/ops/_foreach_sqrt_ops.h>
 #include <ATen/ops/_foreach_zero_ops.h>
 #include <ATen/ops/_fused_sdp_choice_ops.h>
+#include <ATen/ops/_index_put_impl_ops.h>
+#include <ATen/ops/_local_scalar_dense_ops.h>
 #include <ATen/ops/_log_softmax_backward_data_ops.h>
 #include <ATen/ops/_log_softmax_ops.h>
 #include <ATen/ops/_scaled_dot_product_cudnn_attention_backward_ops.h>
@@ -22,31 +24,83 @@
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_ops.h>
 #include <ATen/ops/_softmax_backward_data_ops.h>
 #include <ATen/ops/_softmax_ops.h>
+#include <ATen/ops/abs_ops.h>
 #include <ATen/ops/add_ops.h>
 #include <ATen/ops/addmm_ops.h>
+#include <ATen/ops/all_ops.h>
+#include <ATen/ops/any_ops.h>
+#include <ATen/ops/argmax_ops.h>
+#include <ATen/ops/baddbmm_ops.h>
+#include <ATen/ops/bitwise_and_ops.h>
+#include <ATen/ops/bitwise_not_ops.h>
+#include <ATen/ops/bitwise_or_ops.h>
 #include <ATen/ops/bmm_ops.h>
 #include <ATen/ops/cat_ops.h>
+#include <ATen/ops/ceil_ops.h>
+#include <ATen/ops/clamp_ops.h>
 #include <ATen/ops/convolution_backward_ops.h>
 #include <ATen/ops/convolution_ops.h>
+#include <ATen/ops/cos_ops.h>
+#include <ATen/ops/cumsum_ops.h>
 #include <ATen/ops/div_ops.h>
+#include <ATen/ops/embedding_dense_backward_ops.h>
+#include <ATen/ops/eq_ops.h>
+#include <ATen/ops/exp_ops.h>
 #include <ATen/ops/fill_ops.h>
+#include <ATen/ops/floor_ops.h>
+#include <ATen/ops/gather_ops.h>
+#include <ATen/ops/ge_ops.h>
 #include <ATen/ops/gelu_backward_ops.h>
 #include <ATen/ops/gelu_ops.h>
+#include <ATen/ops/gt_ops.h>
+#include <ATen/ops/hardtanh_backward_ops.h>
+#include <ATen/ops/hardtanh_ops.h>
+#include <ATen/ops/index_add_ops.h>
+#include <ATen/ops/index_ops.h>
+#include <ATen/ops/index_select_ops.h>
+#include <ATen/ops/le_ops.h>
+#include <ATen/ops/log_ops.h>
+#include <ATen/ops/lt_ops.h>
+#include <ATen/ops/masked_fill_ops.h>
+#include <ATen/ops/max_ops.h>
+#include <ATen/ops/max_pool2d_with_indices_backward_ops.h>
+#include <ATen/ops/max_pool2d_with_indices_ops.h>
+#include <ATen/ops/maximum_ops.h>
 #include <ATen/ops/mean_ops.h>
+#include <ATen/ops/minimum_ops.h>
 #include <ATen/ops/mm_ops.h>
 #include <ATen/ops/mul_ops.h>
 #include <ATen/ops/native_batch_norm_backward_ops.h>
 #include <ATen/ops/native_batch_norm_ops.h>
 #include <ATen/ops/native_dropout_backward_ops.h>
 #include <ATen/ops/native_dropout_ops.h>
+#include <ATen/ops/native_group_norm_backward_ops.h>
+#include <ATen/ops/native_group_norm_ops.h>
 #include <ATen/ops/native_layer_norm_backward_ops.h>
 #include <ATen/ops/native_layer_norm_ops.h>
+#include <ATen/ops/ne_ops.h>
+#include <ATen/ops/neg_ops.h>
 #include <ATen/ops/nll_loss_backward_ops.h>
 #include <ATen/ops/nll_loss_forward_ops.h>
+#include <ATen/ops/nonzero_ops.h>
+#include <ATen/ops/pow_ops.h>
 #include <ATen/ops/relu_ops.h>
+#include <ATen/ops/rsqrt_ops.h>
+#include <ATen/ops/scatter_ops.h>
+#include <ATen/ops/sigmoid_backward_ops.h>
+#include <ATen/ops/sigmoid_ops.h>
+#include <ATen/ops/sign_ops.h>
+#include <ATen/ops/silu_backward_ops.h>
+#include <ATen/ops/silu_ops.h>
+#include <ATen/ops/sin_ops.h>
+#include <ATen/ops/sqrt_ops.h>
 #include <ATen/ops/sub_ops.h>
 #include <ATen/ops/sum_ops.h>
+#include <ATen/ops/tanh_backward_ops.h>
+#include <ATen/ops/tanh_ops.h>
 #include <ATen/ops/threshold_backward_ops.h>
+#include <ATen/ops/topk_ops.h>
+#include <ATen/ops/where_ops.h>
 #include <ATen/ops/zero_ops.h>
 #include <ATen/core/boxing/impl/boxing.h>
 #include <c10/util/SmallVector.h>
@@ -174,6 +228,7 @@ class TORCH_FALLBACK_API DirectCall {
   }
   void offer(at::TensorList tensors);
   void offer(const at::ITensorListRef& tensors);  // cat's, which it only reads
+  void offer(const c10::List<std::optional<at::Tensor>>& tensors);  // index's indices
   void offer(std::optional<c10::ScalarType> dtype);
   void offer(c10::ScalarType dtype) { offer(std::optional<c10::ScalarType>(dtype)); }
   template <typename T>
@@ -195,6 +250,8 @@ class TORCH_FALLBACK_API DirectCall {
   }
   at::TensorList on_target(at::TensorList tensors);
   at::ITensorListRef on_target(const at::ITensorListRef& tensors);
+  c10::List<std::optional<at::Tensor>> on_target(
+      const c10::List<std::optional<at::Tensor>>& tensors);
   template <typename T>
   T& on_target(T& value) {
     return value;
@@ -289,7 +346,8 @@ struct DirectKernel<Adapter, Op, Run, Result(Args...)> {
           run();  // an in-place op: it wrote self through its view
           direct.finish();
           return self(args...);
-        } else if constexpr (std::is_arithmetic_v<Result>) {  // _fused_sdp_choice's choice
+        } else if constexpr (std::is_arithmetic_v<Result> ||  // _fused_sdp_choice's choice
+                             std::is_same_v<Result, c10::Scalar>) {  // item()'s number
           const Result value = run();
           direct.finish();
           return value;

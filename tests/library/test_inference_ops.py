@@ -1,0 +1,213 @@
+"""The ops of inference and decoding run unboxed too (DirectKernel).
+
+Launch-bound work (small models, a decode loop) pays the boxed fallback's host
+time on every call of an op without an unboxed kernel: normalization (pow,
+rsqrt), rotary embeddings (neg, sin, cos), activations, masks (comparisons,
+where, masked_fill), indexing, sampling (argmax, topk, item()). Each must give
+eager's result, unboxed where relay's memory is on the target.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from checks import assert_same, run_both, served_unboxed
+
+import torch_fallback
+import torch_fallback.relay
+
+pytestmark = pytest.mark.usefixtures("placement")
+
+aten = torch.ops.aten
+
+INFERENCE_OPS = [
+    "aten::pow.Tensor_Scalar", "aten::pow.Tensor_Tensor", "aten::rsqrt", "aten::sqrt",
+    "aten::neg", "aten::exp", "aten::log", "aten::abs", "aten::sin", "aten::cos", "aten::tanh",
+    "aten::sigmoid", "aten::silu", "aten::hardtanh", "aten::clamp", "aten::minimum",
+    "aten::maximum", "aten::where.self", "aten::eq.Scalar", "aten::eq.Tensor", "aten::ne.Scalar",
+    "aten::ne.Tensor", "aten::lt.Scalar", "aten::lt.Tensor", "aten::le.Scalar", "aten::le.Tensor",
+    "aten::gt.Scalar", "aten::gt.Tensor", "aten::ge.Scalar", "aten::ge.Tensor",
+    "aten::bitwise_and.Tensor", "aten::bitwise_or.Tensor", "aten::bitwise_not", "aten::ceil",
+    "aten::floor", "aten::sign", "aten::masked_fill_.Scalar", "aten::index_select",
+    "aten::index.Tensor", "aten::_index_put_impl_", "aten::index_add_", "aten::gather",
+    "aten::scatter_.value", "aten::scatter.src", "aten::nonzero", "aten::baddbmm",
+    "aten::cumsum", "aten::argmax", "aten::max", "aten::max.dim", "aten::topk", "aten::any",
+    "aten::all", "aten::all.dim", "aten::any.dim", "aten::_local_scalar_dense",
+    "aten::max_pool2d_with_indices", "aten::native_group_norm", "aten::silu_backward",
+    "aten::sigmoid_backward", "aten::tanh_backward", "aten::hardtanh_backward",
+    "aten::max_pool2d_with_indices_backward", "aten::native_group_norm_backward",
+    "aten::embedding_dense_backward",
+]  # fmt: skip
+
+
+def unboxed(op: str) -> int:
+    stats = torch_fallback.metrics().get(op)
+    return 0 if stats is None else stats.calls_unboxed
+
+
+def boxed_calls() -> dict[str, int]:
+    return {
+        op: m.calls - m.calls_unboxed
+        for op, m in torch_fallback.metrics().items()
+        if m.calls > m.calls_unboxed
+    }
+
+
+def masked(on):
+    x = on(torch.randn(3, 4))
+    return x.masked_fill_(x > 0.5, -1.0), torch.where(x < 0, x, on(torch.zeros(3, 4)))
+
+
+def indexed(on):
+    x, i = on(torch.randn(5, 4)), on(torch.tensor([4, 0, 2]))
+    rows = x[i, on(torch.tensor([1, 1, 3]))]  # index.Tensor
+    x[on(torch.tensor([0, 3]))] = on(torch.ones(2, 4))  # _index_put_impl_
+    return rows, x, torch.index_select(x, 1, on(torch.tensor([3, 0]))), x[x > 0]
+
+
+def scattered(on):
+    x, i = on(torch.zeros(3, 5)), on(torch.tensor([[0, 4, 2], [1, 1, 3]]))
+    src = on(torch.arange(6.0).reshape(2, 3))
+    return (
+        torch.gather(on(torch.randn(3, 5)), 1, i.clamp(max=4)),
+        x.clone().scatter_(1, i, 7.0),
+        torch.scatter(x, 1, i, src),
+        x.index_add_(0, on(torch.tensor([2, 0])), on(torch.ones(2, 5))),
+    )
+
+
+def sampled(on):
+    logits = on(torch.randn(2, 11))
+    values, indices = torch.topk(logits, 3)
+    best, where = logits.max(-1)
+    return (
+        logits.argmax(-1), values, indices, best, where, logits.max(), torch.cumsum(logits, 1),
+        torch.nonzero(logits > 0), (logits > 3).any(), (logits > -9).all(1),
+    )  # fmt: skip
+
+
+def rms_norm(on):
+    x, weight = on(torch.randn(2, 5, 8)), on(torch.rand(8))
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+
+def rotary(on):
+    x, angles = on(torch.randn(2, 4, 6, 8)), on(torch.randn(6, 8))
+    half = torch.cat((-x[..., 4:], x[..., :4]), dim=-1)
+    return x * angles.cos() + half * angles.sin()
+
+
+def activations_and_their_backward(on):
+    x = on(torch.randn(4, 6)).requires_grad_()
+    y = F.silu(x) + torch.sigmoid(x) + torch.tanh(x) + F.hardtanh(x, -0.5, 0.5)
+    (grad,) = torch.autograd.grad(y.sum(), x)
+    return y.detach(), grad
+
+
+def group_norm_and_pooling_backward(on):
+    x = on(torch.randn(2, 4, 6, 6)).requires_grad_()
+    weight, bias = on(torch.rand(4)).requires_grad_(), on(torch.randn(4)).requires_grad_()
+    y = F.max_pool2d(F.group_norm(x, 2, weight, bias), 2)
+    return y.detach(), *torch.autograd.grad(y.square().sum(), (x, weight, bias))
+
+
+def embedding_backward(on):
+    weight = on(torch.randn(7, 3)).requires_grad_()
+    y = F.embedding(on(torch.tensor([[1, 6, 1], [0, 2, 6]])), weight)
+    return torch.autograd.grad(y.square().sum(), weight)
+
+
+# (name, ops it must count, call): each call takes a function that puts a CPU tensor where it runs.
+CALLS = [
+    ("rms_norm", ["aten::pow.Tensor_Scalar", "aten::rsqrt"], rms_norm),
+    ("rotary", ["aten::neg", "aten::sin", "aten::cos"], rotary),
+    ("pointwise", ["aten::exp", "aten::log", "aten::abs", "aten::sqrt", "aten::sign"],
+     lambda on: (lambda x: (x.exp(), x.abs().log(), x.abs().sqrt(), x.sign(), x.ceil(),
+                            x.floor(), x.clamp(-1, 1), x.pow(on(torch.full((4,), 2.0)))))(
+         on(torch.randn(4)))),
+    ("compare", ["aten::eq.Tensor", "aten::ge.Scalar", "aten::bitwise_and.Tensor"],
+     lambda on: (lambda a, b: ((a == b) & (a >= 0), (a != b) | (a < b), ~(a <= 1), a > b,
+                               a == 1, a != 0, a < 0, a > 1, a <= b, a >= b,
+                               torch.minimum(a, b), torch.maximum(a, b)))(
+         on(torch.tensor([0.0, 1.0, 2.0, -1.0])), on(torch.tensor([0.0, 2.0, 1.0, -1.0])))),
+    ("masks", ["aten::masked_fill_.Scalar", "aten::where.self"], masked),
+    ("indexing", ["aten::index.Tensor", "aten::_index_put_impl_", "aten::index_select"], indexed),
+    ("scatter and gather", ["aten::gather", "aten::scatter_.value", "aten::index_add_"],
+     scattered),
+    ("sampling", ["aten::argmax", "aten::topk", "aten::max.dim", "aten::nonzero"], sampled),
+    ("baddbmm", ["aten::baddbmm"],
+     lambda on: torch.baddbmm(on(torch.randn(2, 3, 2)), on(torch.randn(2, 3, 4)),
+                              on(torch.randn(2, 4, 2)), beta=0.5, alpha=2.0)),
+    ("activations", ["aten::silu", "aten::silu_backward", "aten::hardtanh_backward"],
+     activations_and_their_backward),
+    ("group norm and pooling", ["aten::native_group_norm_backward",
+                                "aten::max_pool2d_with_indices_backward"],
+     group_norm_and_pooling_backward),
+    ("embedding backward", ["aten::embedding_dense_backward"], embedding_backward),
+]  # fmt: skip
+
+
+def test_the_inference_ops_have_unboxed_kernels_on_relay():
+    missing = [
+        op
+        for op in INFERENCE_OPS
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(op, "PrivateUse1")
+    ]
+    assert not missing, f"no PrivateUse1 kernel for {missing}"
+
+
+@pytest.mark.parametrize("name, ops, call", CALLS, ids=[name for name, _, _ in CALLS])
+def test_inference_op_matches_eager_unboxed_where_relay_memory_is(placement, name, ops, call):
+    actual, expected = run_both(call)
+    assert_same(actual, expected)
+    for op in ops:
+        counted = torch_fallback.metrics().get(op)
+        assert counted is not None and counted.calls > 0, f"{op} did not reach the fallback"
+        # Elsewhere the boxed fallback copies the tensors to the target and back.
+        assert (unboxed(op) > 0) == served_unboxed(placement), op
+
+
+def test_item_of_a_relay_tensor(placement):
+    x = torch.tensor([2.5, -1.0]).to("relay")
+    assert x[0].item() == 2.5 and (x < 0).any().item() is True
+    assert (unboxed("aten::_local_scalar_dense") == 2) == served_unboxed(placement)
+
+
+def decoder_step(on, cache: list[torch.Tensor], token: torch.Tensor) -> torch.Tensor:
+    """One greedy step of a one-layer decoder with a KV cache, as Llama writes it."""
+    torch.manual_seed(0)
+    d, heads, vocab = 8, 2, 11
+    embed, w_qkv = on(torch.randn(vocab, d)), on(torch.randn(d, 3 * d) / d)
+    w_up, w_down, norm = on(torch.randn(d, 2 * d)), on(torch.randn(2 * d, d)), on(torch.rand(d))
+    x = F.embedding(token, embed)
+    x = norm * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+    q, k, v = (x @ w_qkv).view(1, -1, 3, heads, d // heads).unbind(2)
+    position = len(cache[0]) if cache else 0
+    angle = on(torch.full((d // heads,), float(position + 1)))
+    k = k * angle.cos() + torch.cat((-k[..., 2:], k[..., :2]), -1) * angle.sin()
+    cache[:] = [torch.cat((cache[0], k), 1), torch.cat((cache[1], v), 1)] if cache else [k, v]
+    attended = F.scaled_dot_product_attention(
+        q.transpose(1, 2), cache[0].transpose(1, 2), cache[1].transpose(1, 2)
+    )
+    x = x + attended.transpose(1, 2).reshape(1, -1, d)
+    logits = (F.silu(x @ w_up) @ w_down) @ embed.t()
+    next_token = logits[:, -1].argmax(-1, keepdim=True)
+    assert bool((next_token >= 0).all())
+    return next_token
+
+
+def test_a_decode_loop_makes_no_boxed_call(placement):
+    def decode(on):
+        cache: list[torch.Tensor] = []
+        tokens = [on(torch.tensor([[3]]))]
+        with torch.no_grad():
+            for _ in range(6):
+                tokens.append(decoder_step(on, cache, tokens[-1]))
+        return torch.cat(tokens, 1)
+
+    actual, expected = run_both(decode)
+    assert_same(actual, expected)
+    if served_unboxed(placement):
+        # The tensors the loop makes on relay (torch.tensor, randn's copies) are copies, not ops.
+        assert not boxed_calls(), f"boxed calls in a decode loop: {boxed_calls()}"
