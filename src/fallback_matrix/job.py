@@ -34,6 +34,7 @@ PLAIN_VERSION_ENV = "TORCH_FALLBACK_PLAIN_VERSION"  # setup.py: no local version
 TORCH_LIBRARY_PATTERNS = ("libtorch*.so*", "libc10*.so*", "libshm*.so*")
 CCACHE_WRAPPERS = Path("/usr/lib/ccache")
 PYTEST_NO_TESTS = 5
+WHEELHOUSE_MANIFEST = "wheelhouse.json"  # what a complete wheelhouse holds (wheelhouse.py)
 TORCH_PROBE = "import json,torch as t; print(json.dumps((t.__version__,t.version.cuda,t.__file__)))"
 Command = Sequence[str | Path]
 
@@ -120,15 +121,26 @@ def site_packages(venv: Path) -> Path:
 
 
 def base_env(job: Job) -> Path:
-    """The cached base venv of ``job``: named after its cell and a hash of what it holds."""
+    """The cached base venv of ``job``: named after its torch, its Python and a hash of what
+    it holds, not after its cell, so that the cells which install the same (a cell, its cross
+    job and its install from the release rehearsal's index) share one."""
     content = {"python": sys.version, "base_prefix": sys.base_prefix, "groups": list(GROUPS)}
-    content |= {"torch": f"torch=={job.torch}", "wheelhouse": Path(job.wheelhouse).name}
-    # what the groups hold: in a container the wheelhouse's mount point does not say
+    content |= {"torch": f"torch=={job.torch}", "wheelhouse": wheelhouse_identity(job)}
+    key = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+    python = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    return Path(job.cache) / "envs" / f"torch-{job.torch.replace('+', '-')}-py{python}-{key}"
+
+
+def wheelhouse_identity(job: Job) -> str:
+    """What the job's wheelhouse holds: a hash of its manifest (the torch wheel, the
+    dependency groups, every wheel's name), which a container's mount point does not say;
+    without one, its name and the hash of the dependency groups' pyproject.toml."""
+    manifest = Path(job.wheelhouse) / WHEELHOUSE_MANIFEST
+    if manifest.is_file():
+        return "manifest " + hashlib.sha256(manifest.read_bytes()).hexdigest()
     pyproject = Path(job.repo) / "pyproject.toml"
     text = pyproject.read_bytes() if pyproject.is_file() else b""
-    content["pyproject"] = hashlib.sha256(text).hexdigest()
-    key = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
-    return Path(job.cache) / "envs" / f"{job.cell}-{key}"
+    return f"{Path(job.wheelhouse).name} {hashlib.sha256(text).hexdigest()}"
 
 
 def create_envs(job: Job, env: Mapping[str, str], report: Reporter) -> Path:

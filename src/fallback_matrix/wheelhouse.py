@@ -17,7 +17,7 @@ import tomllib
 from packaging.utils import parse_wheel_filename
 
 from .errors import CellError
-from .job import GROUPS, PIP_WITH_GROUPS
+from .job import GROUPS, PIP_WITH_GROUPS, WHEELHOUSE_MANIFEST
 from .matrix import Cell
 from .report import Reporter, run_process, without_pip_config
 from .runners import find_python
@@ -28,7 +28,7 @@ PLATFORMS = (
     *(f"manylinux_2_{minor}_x86_64" for minor in range(36, 4, -1)),
     *("manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"),
 )
-MANIFEST_NAME = "wheelhouse.json"
+MANIFEST_NAME = WHEELHOUSE_MANIFEST  # the job keys the environments it makes by it
 
 
 def probe_index(url: str, timeout: float = 3.0) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -248,6 +249,32 @@ def test_new_dependency_groups_get_a_new_environment(tmp_path: Path) -> None:
     pyproject.write_text('[dependency-groups]\nbuild = ["auditwheel", "abi3audit"]\n')
     assert base_env(job) != before
     assert base_env(job).parent == before.parent
+
+
+def test_a_wheelhouse_holding_other_wheels_gets_a_new_environment(tmp_path: Path) -> None:
+    # the manifest of a complete wheelhouse says what it holds, wherever it is mounted
+    job = job_with_cache(tmp_path, None)
+    manifest = Path(job.wheelhouse) / "wheelhouse.json"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text('{"wheels": ["torch-2.13.0+cpu.whl", "pytest-8.whl"]}')
+    (tmp_path / "repo").mkdir()
+    pyproject = tmp_path / "repo" / "pyproject.toml"
+    pyproject.write_text('[dependency-groups]\ntest = ["pytest"]\n')
+    before = base_env(job)
+    pyproject.write_text('[dependency-groups]\ntest = ["pytest"]\n[tool.ruff]\nline-length = 99\n')
+    assert base_env(job) == before  # what the wheelhouse holds is unchanged
+    manifest.write_text('{"wheels": ["torch-2.13.0+cpu.whl", "pytest-8.whl", "xdist-3.whl"]}')
+    assert base_env(job) != before
+
+
+def test_cells_that_install_the_same_share_an_environment(tmp_path: Path) -> None:
+    # a cell, its cross job and its install from the local index: one environment, not three
+    job = job_with_cache(tmp_path, None)
+    same = [dataclasses.replace(job, cell=name) for name in ("cross-x-on-cpu", "cpu-from-index")]
+    assert {base_env(other) for other in same} == {base_env(job)}
+    assert base_env(job).name.startswith("torch-2.13.0-cpu-py")
+    other_torch = dataclasses.replace(job, cell="cuda-213", torch="2.13.0")
+    assert base_env(other_torch) != base_env(job)
 
 
 def test_no_cap_prunes_nothing_and_says_so(
