@@ -9,15 +9,48 @@ torch_fallback, so it is loaded only where torch is installed; the tooling's tes
 The fixtures `fallback_settings` and `placement` (target x home) serve the tests of
 the built extension (tests/library, tests/relay, tests/packaging, tests/models); they
 import torch_fallback only when a test asks for them.
+
+Under pytest-xdist (``pytest -n N``; the cells run their tests so) each worker gets its
+share of the cores for torch's intra-op threads, and so do the processes it starts
+(OMP_NUM_THREADS), so that N workers do not each start a thread per core.
 """
 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterator
+import os
+import sys
+from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 
 import pytest
+
+XDIST_WORKERS_ENV = "PYTEST_XDIST_WORKER_COUNT"  # set by pytest-xdist in each worker
+THREADS_ENV = "OMP_NUM_THREADS"
+
+
+def worker_threads(environ: Mapping[str, str], cpus: int) -> int | None:
+    """The intra-op threads of one xdist worker: its share of ``cpus`` (at least 1); None
+    outside xdist, or where OMP_NUM_THREADS already says."""
+    workers = environ.get(XDIST_WORKERS_ENV, "")
+    if not workers.isdigit() or int(workers) < 1 or environ.get(THREADS_ENV):
+        return None
+    return max(1, cpus // int(workers))
+
+
+def share_the_cores(environ: MutableMapping[str, str] = os.environ) -> int | None:
+    """Set OMP_NUM_THREADS to this worker's share before torch loads (its OpenMP runtime
+    reads it then; the ranks and subprocesses a test starts inherit it); torch's own
+    setting too, should torch be loaded already."""
+    threads = worker_threads(environ, len(os.sched_getaffinity(0)))
+    if threads is not None:
+        environ[THREADS_ENV] = str(threads)
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(threads)
+    return threads
+
+
+share_the_cores()
 
 if importlib.util.find_spec("torch") is not None:
     pytest_plugins = ["torch_fallback.testing.plugin"]

@@ -35,6 +35,7 @@ TORCH_LIBRARY_PATTERNS = ("libtorch*.so*", "libc10*.so*", "libshm*.so*")
 CCACHE_WRAPPERS = Path("/usr/lib/ccache")
 PYTEST_NO_TESTS = 5
 WHEELHOUSE_MANIFEST = "wheelhouse.json"  # what a complete wheelhouse holds (wheelhouse.py)
+XDIST_DISTRIBUTION = "loadgroup"
 TORCH_PROBE = "import json,torch as t; print(json.dumps((t.__version__,t.version.cuda,t.__file__)))"
 Command = Sequence[str | Path]
 
@@ -65,6 +66,7 @@ class Job:
     index_url: str | None = None  # set: install `requirement` from this index, build nothing
     requirement: str | None = None
     cache_cap: int | None = None  # bytes the cached environments may take; None: no pruning
+    test_workers: str = "0"  # pytest-xdist's -n: "auto", a number; "0": no xdist
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -349,14 +351,22 @@ def pytest_command(
     return [*python, "-m", "pytest", *paths, *options, "-o", f"junit_suite_name={name}"]
 
 
+def xdist_options(workers: str) -> list[str]:
+    """pytest-xdist's options for ``workers`` ("0": none, the tests run in the pytest process).
+    Each test goes to the next free worker, but the tests of an xdist_group share one
+    (--dist loadgroup): the model zoo's make their references once."""
+    return [] if workers == "0" else ["-n", workers, "--dist", XDIST_DISTRIBUTION]
+
+
 def run_tests(job: Job, env: Mapping[str, str]) -> None:
     paths = [Path(job.repo) / path for path in job.test_paths]
     if missing := [str(path) for path in paths if not path.exists()]:
         raise StepFailed(f"test paths missing: {', '.join(missing)} (matrix.yaml tests.paths)")
     junit = Path(job.artifacts) / "junit.xml"
     command = pytest_command(job.venv(), paths, Path(job.repo), junit, job.cell)
+    command += ["-m", job.test_markers, *xdist_options(job.test_workers)]
     test_env = dict(env, TORCH_FALLBACK_REQUIRE_GPU="1") if job.gpu else dict(env)
-    status = run([*command, "-m", job.test_markers], test_env, cwd=job.test_cwd)
+    status = run(command, test_env, cwd=job.test_cwd)
     if status == PYTEST_NO_TESTS:
         raise StepFailed(
             f"no test selected by -m {job.test_markers!r} in {', '.join(job.test_paths)}: "

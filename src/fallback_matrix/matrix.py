@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple, cast, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
@@ -45,14 +45,34 @@ class ImageOverride(_Strict):
     base: str | None = Field(default=None, description="a base image for this cell")
 
 
+WORKERS = (
+    'pytest-xdist workers: "auto" (one per core), a number, or 0 (no xdist: the tests run in '
+    "the pytest process)"
+)
+
+
+def _workers(value: Any) -> int | str:
+    """One error for both spellings (a union's would say each); YAML's 0 is a ScalarInt."""
+    if value == "auto":
+        return "auto"
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return int(value)
+    raise ValueError('expected "auto" or a number, 0 or more')
+
+
+Workers = Annotated[int | str, PlainValidator(_workers)]
+
+
 class TestSelection(_Strict):
     paths: list[str] = Field(min_length=1, description="test paths, e.g. [tests/library]")
     markers: str = Field(min_length=1, description='a pytest -m expression, e.g. "not slow"')
+    workers: Workers = Field(default=0, description=WORKERS)
 
 
 class TestOverride(_Strict):
     paths: list[str] | None = Field(default=None, min_length=1, description="test paths")
     markers: str | None = Field(default=None, min_length=1, description="a pytest -m expression")
+    workers: Workers | None = Field(default=None, description=WORKERS)
 
 
 class Defaults(_Strict):
@@ -204,7 +224,7 @@ def _describe(item: Any, loc: KeyPath) -> str:
         return f"expected a string, got the number {value!r}: quote it (YAML reads 3.10 as 3.1)"
     if kind == "string_pattern_mismatch" and expected:
         return f"expected {expected}, got {got}"
-    detail = item["msg"].replace("Input should be", "expected")
+    detail = item["msg"].removeprefix("Value error, ").replace("Input should be", "expected")
     if expected and kind not in ("too_short", "literal_error"):
         detail += f" ({expected})"
     return f"{detail}, got {got}"

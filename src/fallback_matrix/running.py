@@ -42,6 +42,7 @@ def make_job(matrix: LoadedMatrix, cell: Cell, cache: Path, artifacts: Path, **o
         **cell.model_dump(include={"python", "torch", "cuda", "gpu", "pypi"}),
         test_paths=list(tests.paths),
         test_markers=tests.markers,
+        test_workers=str(tests.workers),
         sources=source_files(matrix.root),
         repo=str(matrix.root),
         cache=str(local),
@@ -51,6 +52,11 @@ def make_job(matrix: LoadedMatrix, cell: Cell, cache: Path, artifacts: Path, **o
         base_image=image.base,
         **options,
     )
+
+
+def workers(value: int | str) -> str:
+    """A selection's pytest-xdist workers in words."""
+    return "no xdist" if value == 0 else f"pytest-xdist -n {value}"
 
 
 def cache_cap(option: str | None, environ: Mapping[str, str] = os.environ) -> int | None:
@@ -84,6 +90,7 @@ def run_cell(
     started, error, exit_code, where = time.monotonic(), None, 1, runner.name
     with reporter.for_cell(cell.name, out / LOG_FILE) as log:
         tests = f"tests {' '.join(cell.tests.paths)} -m {cell.tests.markers!r}"
+        tests += f" ({workers(cell.tests.workers)})"
         index = f"index {cell.index.url} ({cell.index.source})"
         log.say(f"torch=={cell.torch} ({cell.variant}), Python {cell.python}, {tests}, {index}")
         try:

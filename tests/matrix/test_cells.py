@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 
+from fallback_matrix import running
 from fallback_matrix.errors import MatrixError, MatrixFileError
 from fallback_matrix.matrix import (
+    LoadedMatrix,
     MatrixFile,
     expand_cells,
     load_matrix,
@@ -175,3 +177,20 @@ def test_bad_python_rows_are_located_errors(
         load_matrix(write_matrix(matrix_data))
     assert "cells[1].also_pythons" in str(caught.value)
     assert message in str(caught.value)
+
+
+def test_cells_run_their_tests_on_the_workers_the_defaults_or_they_say(
+    matrix_data: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert {cell.tests.workers for cell in expand(matrix_data).values()} == {0}  # the default
+    matrix_data["defaults"]["tests"]["workers"] = "auto"
+    matrix_data["cells"][2]["tests"]["workers"] = 0  # e.g. a GPU cell: one process
+    cells = expand(matrix_data)
+    assert (cells["cpu"].tests.workers, cells["cuda-gpu"].tests.workers) == ("auto", 0)
+    monkeypatch.setattr(running, "source_files", lambda repo: [])
+    loaded = LoadedMatrix(tmp_path / "matrix.yaml", MatrixFile.model_validate(matrix_data))
+    jobs = {
+        name: running.make_job(loaded, cell, tmp_path, tmp_path / "out", wheelhouse="")
+        for name, cell in cells.items()
+    }
+    assert (jobs["cpu"].test_workers, jobs["cuda-gpu"].test_workers) == ("auto", "0")

@@ -420,3 +420,26 @@ def test_install_from_an_index_takes_dependencies_from_the_wheelhouse(
     assert install[install.index("--index-url") + 1] == "http://127.0.0.1:8080/simple/"
     assert install[install.index("--find-links") + 1] == job.wheelhouse
     assert install[-1] == "torch-fallback==0.1.0"
+
+
+@pytest.mark.parametrize(
+    ("workers", "options"),
+    [
+        ("auto", ["-n", "auto", "--dist", "loadgroup"]),
+        ("2", ["-n", "2", "--dist", "loadgroup"]),
+        ("0", []),  # no xdist: the tests run in the pytest process
+    ],
+)
+def test_the_cells_tests_run_on_the_workers_it_asks_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: str, options: list[str]
+) -> None:
+    (tmp_path / "repo" / "tests").mkdir(parents=True)
+    calls: list[list[Any]] = []
+    monkeypatch.setattr(
+        job_module, "run", lambda command, env, cwd=None: calls.append(list(command)) or 0
+    )
+    run_tests(dataclasses.replace(job_for(tmp_path, []), test_workers=workers), {})
+    command = calls[0]
+    assert command[command.index("-m", 3) + 1] == "not requires_cuda"
+    xdist = command[command.index("-n") :] if "-n" in command else []
+    assert xdist == options

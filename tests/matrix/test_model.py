@@ -212,3 +212,14 @@ def test_pypi_cells_build_and_at_most_one_per_python(
     message = str(caught.value)
     assert "cells[2].pypi: pypi: true marks a cell that builds the wheel PyPI gets" in message
     assert "cells[3].pypi: a second pypi: true cell for Python 3.11 (first: cuda;" in message
+
+
+@pytest.mark.parametrize("workers", [-1, "many", 2.5, True])
+def test_bad_workers_are_one_located_error(
+    write_matrix: Callable[[Any], Path], matrix_data: dict[str, Any], workers: Any
+) -> None:
+    matrix_data["cells"][2]["tests"]["workers"] = workers
+    message = problems_of(write_matrix(matrix_data))
+    assert "(1 problem(s))" in message
+    assert 'cells[2].tests.workers: expected "auto" or a number, 0 or more' in message
+    assert f"got {workers!r}" in message

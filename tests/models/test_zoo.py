@@ -20,7 +20,11 @@ import torch_fallback.relay  # noqa: F401  (registers the relay device)
 
 RTOL, ATOL = 1e-7, 1e-9
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning"),
+    # one pytest-xdist worker runs them all (--dist loadgroup): the references are made once
+    pytest.mark.xdist_group("zoo"),
+]
 
 References = Callable[[str, str], dict[str, Any]]
 
