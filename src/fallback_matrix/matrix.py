@@ -127,6 +127,13 @@ class ModelsRun(_Strict):
     tests: TestSelection
 
 
+class PublishLocal(_Strict):
+    """What `nox -s publish-local` (the rehearsal of a release) tests after each install from
+    its local index: the cells already tested the same wheel files."""
+
+    tests: TestSelection
+
+
 class MatrixFile(_Strict):
     version: Literal[1] = Field(description="the schema version of this file: 1")
     defaults: Defaults
@@ -134,6 +141,7 @@ class MatrixFile(_Strict):
     variants: dict[VariantName, VariantSpec] = Field(min_length=1, description="cpu and cuda")
     project_tests: ProjectTests
     models: ModelsRun | None = None
+    publish_local: PublishLocal | None = None
     cells: list[CellSpec] = Field(min_length=1, description="the list of cells")
 
 

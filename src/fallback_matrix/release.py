@@ -9,16 +9,16 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import make_server
 
 from packaging.utils import parse_wheel_filename
 
 from .cache import cache_root
 from .errors import EXIT_OK, MatrixError
-from .matrix import Cell, pick_cells
+from .matrix import Cell, MatrixFile, pick_cells
 from .report import Reporter, run_process
-from .workflows import wheel_tests
+from .workflows import both, wheel_tests
 
 if TYPE_CHECKING:  # cli imports this module for its command table
     from .cli import Context
@@ -98,6 +98,18 @@ def install_target(c: "Context", name: str) -> tuple[Cell, Cell]:
     return cell, cell
 
 
+def rehearsal_cell(spec: MatrixFile, cell: Cell) -> Cell:
+    """``cell`` as publish-local installs into it (CELL-from-index), with matrix.yaml's
+    publish_local tests, those of them the cell selects (not the GPU tests of a cell
+    without a GPU); without that section, the cell's own tests."""
+    update: dict[str, Any] = {"name": f"{cell.name}-from-index"}
+    if spec.publish_local is not None:
+        tests = spec.publish_local.tests
+        markers = both(cell.tests.markers, tests.markers)
+        update["tests"] = tests.model_copy(update={"markers": markers})
+    return cell.model_copy(update=update)
+
+
 def cmd_dist(c: "Context") -> int:
     tag = c.args.tag or os.environ.get("GITHUB_REF_NAME") or ""
     tag = tag if tag.startswith("v") else None  # a branch is no version to check against
@@ -133,7 +145,7 @@ def cmd_publish_local(c: "Context") -> int:
         log.say(f"local index now serves: {', '.join(sorted(p.name for p in packages.iterdir()))}")
         for cell, source in targets:
             version = parse_wheel_filename(find_wheel(c.artifacts / source.name).name)[1]
-            into = cell.model_copy(update={"name": f"{cell.name}-from-index"})
+            into = rehearsal_cell(c.matrix.spec, cell)
             title = f"installed from the local index (Python {cell.python})"
             status |= c.run(
                 [into],

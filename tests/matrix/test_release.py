@@ -165,3 +165,18 @@ def test_the_rehearsal_installs_a_python_row_under_its_own_name(
     assert source.name == "cuda"
     into, source = install_target(context, "cpu")
     assert into.name == source.name == "cpu"
+
+
+def test_the_rehearsal_tests_its_installs_with_the_publish_local_selection(
+    matrix_data: dict[str, Any],
+) -> None:
+    cpu = cells(matrix_data)["cpu"]
+    own = release.rehearsal_cell(MatrixFile.model_validate(matrix_data), cpu)
+    assert own.name == "cpu-from-index" and own.tests == cpu.tests  # no section: its own
+    selection = {"paths": ["tests/packaging"], "markers": "not slow", "workers": "auto"}
+    matrix_data["publish_local"] = {"tests": selection}
+    into = release.rehearsal_cell(MatrixFile.model_validate(matrix_data), cpu)
+    assert into.name == "cpu-from-index"
+    assert into.tests.paths == ["tests/packaging"] and into.tests.workers == "auto"
+    # of those, what the cell selects: no GPU test where the cell has no GPU
+    assert into.tests.markers == "not requires_cuda and not slow"
