@@ -67,7 +67,8 @@ def indexed(on):
 
 
 def scattered(on):
-    x, i = on(torch.zeros(3, 5)), on(torch.tensor([[0, 4, 2], [1, 1, 3]]))
+    # Distinct indices per row: a scatter onto one element twice has no defined winner on CUDA.
+    x, i = on(torch.zeros(3, 5)), on(torch.tensor([[0, 4, 2], [1, 3, 0]]))
     src = on(torch.arange(6.0).reshape(2, 3))
     return (
         torch.gather(on(torch.randn(3, 5)), 1, i.clamp(max=4)),
@@ -168,10 +169,17 @@ def test_inference_op_matches_eager_unboxed_where_relay_memory_is(placement, nam
         assert (unboxed(op) > 0) == served_unboxed(placement), op
 
 
+def reads_on_the_cpu(placement) -> bool:
+    """item() (_local_scalar_dense) is on the CPU op list by default: it runs on the
+    CPU, unboxed where relay's memory is there, boxed (a one-element copy) elsewhere."""
+    return placement.home == "cpu"
+
+
 def test_item_of_a_relay_tensor(placement):
     x = torch.tensor([2.5, -1.0]).to("relay")
     assert x[0].item() == 2.5 and (x < 0).any().item() is True
-    assert (unboxed("aten::_local_scalar_dense") == 2) == served_unboxed(placement)
+    assert (unboxed("aten::_local_scalar_dense") == 2) == reads_on_the_cpu(placement)
+    assert torch_fallback.metrics()["aten::_local_scalar_dense"].calls_cpu == 2
 
 
 def decoder_step(on, cache: list[torch.Tensor], token: torch.Tensor) -> torch.Tensor:
@@ -210,4 +218,5 @@ def test_a_decode_loop_makes_no_boxed_call(placement):
     assert_same(actual, expected)
     if served_unboxed(placement):
         # The tensors the loop makes on relay (torch.tensor, randn's copies) are copies, not ops.
-        assert not boxed_calls(), f"boxed calls in a decode loop: {boxed_calls()}"
+        expected_boxed = {} if reads_on_the_cpu(placement) else {"aten::_local_scalar_dense": 6}
+        assert boxed_calls() == expected_boxed, "boxed calls in a decode loop"
