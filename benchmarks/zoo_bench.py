@@ -97,9 +97,27 @@ def side_main(args: argparse.Namespace) -> int:
             step(model, inputs, optimizer, train)
 
         # 3 warm-up calls (allocator, autotuning, lazy init), then --budget seconds
-        return {**row, "ms": harness.time_calls(call, sync, args.budget, max_repeats=None).median}
+        timed = {**row, "ms": harness.time_calls(call, sync, args.budget, max_repeats=None).median}
+        if args.side == "relay":
+            timed["fallback"] = fallback_calls(call, sync)
+        return timed
 
     return harness.serve({"meta": meta}, plan, measure)
+
+
+def fallback_calls(call, sync) -> dict:
+    """The fallback calls of one more step: how many, and the boxed ones by op (the
+    unboxed kernels serve the others; a boxed call costs more host time)."""
+    import torch_fallback
+
+    torch_fallback.reset_metrics()
+    call()
+    sync()
+    metrics = torch_fallback.metrics()
+    boxed = {
+        op: m.calls - m.calls_unboxed for op, m in metrics.items() if m.calls > m.calls_unboxed
+    }
+    return {"calls": sum(m.calls for m in metrics.values()), "boxed": boxed}
 
 
 def run(args: argparse.Namespace, forwarded: list[str]) -> dict:
@@ -111,7 +129,10 @@ def run(args: argparse.Namespace, forwarded: list[str]) -> dict:
         times: dict[str, list[float]] = {side: [0.0] * len(plan) for side in SIDES}
         for index in range(len(plan)):
             for side in order:
-                times[side][index] = sides[side].measure(index)["ms"]
+                answer = sides[side].measure(index)
+                times[side][index] = answer["ms"]
+                if "fallback" in answer:
+                    plan[index]["fallback"] = answer["fallback"]  # the same every round
         for side in SIDES:
             per_round[side].append(times[side])
         print(f"round {round_index + 1}/{args.rounds} done", file=sys.stderr, flush=True)
@@ -148,16 +169,25 @@ def render(result: dict) -> str:
         f"host: {meta.get('cpu_model') or meta.get('cpu')}; {meta.get('gpu') or 'no GPU'}; "
         f"torch {meta['torch']}",
         "",
-        "| model | mode | native ms | relay ms | relay/native (quartiles) | control |",
-        "| --- | --- | ---: | ---: | ---: | ---: |",
+        "| model | mode | native ms | relay ms | relay/native (quartiles) | control "
+        "| fallback calls (boxed) |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
+    boxed_ops: dict[str, int] = {}
     for row in result["rows"]:
         q = row["relay_quartiles"]
         spread = f" ({q[0]:.2f}-{q[1]:.2f})" if q else ""
+        calls = row.get("fallback") or {"calls": 0, "boxed": {}}
+        for op, count in calls["boxed"].items():
+            boxed_ops[op] = boxed_ops.get(op, 0) + count
         lines.append(
             f"| {row['model']} | {row['mode']} | {row['native_ms']:.2f} | {row['relay_ms']:.2f} "
-            f"| {row['relay_ratio']:.2f}{spread} | {row['control_ratio']:.2f} |"
+            f"| {row['relay_ratio']:.2f}{spread} | {row['control_ratio']:.2f} "
+            f"| {calls['calls']} ({sum(calls['boxed'].values())}) |"
         )
+    if boxed_ops:
+        ranked = sorted(boxed_ops.items(), key=lambda item: -item[1])
+        lines += ["", "boxed calls, all rows: " + ", ".join(f"{op} {n}" for op, n in ranked)]
     return "\n".join(lines)
 
 
