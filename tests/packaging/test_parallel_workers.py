@@ -34,10 +34,16 @@ def test_the_worker_uses_its_share(number):
 
 
 def root_conftest() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("root_conftest_under_test", CONFTEST)
+    """tests/conftest.py as a module of its own (its dataclass needs it in sys.modules)."""
+    name = "root_conftest_under_test"
+    spec = importlib.util.spec_from_file_location(name, CONFTEST)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[name]
     return module
 
 
