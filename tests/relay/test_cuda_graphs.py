@@ -73,6 +73,36 @@ def test_tensors_made_in_a_capture_come_from_the_graphs_private_pool():
     torch.testing.assert_close(y.cpu(), x.cpu() * 2 + 1)
 
 
+def test_a_captured_backward_replays_the_gradients_of_new_inputs():
+    # Autograd runs relay's backward on its device thread, on the stream the forward
+    # recorded: the capture stream, so the backward kernels are captured too.
+    torch.manual_seed(0)
+    x = torch.randn(8, 64, device="relay")
+    weight = torch.randn(64, 64, device="relay", requires_grad=True)
+
+    def gradient():
+        return torch.autograd.grad(block(x, weight).square().sum(), weight)[0]
+
+    warm_up(gradient)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        grad = gradient()
+    for _ in range(3):
+        x.copy_(torch.randn(8, 64))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(grad.cpu(), gradient().cpu())
+
+
+def test_relay_streams_are_the_cuda_streams_of_its_gpu():
+    # What autograd records for a node and makes current for its backward.
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        current = torch.accelerator.current_stream(0)
+        assert current.device.type == "relay" and current.stream_id == side.stream_id
+    assert torch.accelerator.current_stream(0).stream_id == torch.cuda.current_stream().stream_id
+
+
 # In a process of its own, as a failed capture can leave the CUDA generator mid-capture
 # ("Offset increment outside graph capture"), failing every later random op.
 GRAPHED_TRAINING = """

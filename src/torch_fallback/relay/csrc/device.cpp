@@ -38,6 +38,16 @@ const c10::impl::DeviceGuardImplInterface* cuda_impl(c10::DeviceIndex index) {
   return c10::impl::getDeviceGuardImpl(c10::kCUDA);
 }
 
+// A relay stream and the CUDA stream of the same id on the GPU serving its device.
+c10::Stream as_cuda(const c10::Stream& relay_stream) {
+  return c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::kCUDA, relay_stream.device_index()),
+                     relay_stream.id());
+}
+
+c10::Stream as_relay(const c10::Stream& cuda_stream, c10::Device device) {
+  return c10::Stream(c10::Stream::UNSAFE, device, cuda_stream.id());
+}
+
 struct RelayGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   static constexpr c10::DeviceType static_type = c10::DeviceType::PrivateUse1;
 
@@ -62,7 +72,16 @@ struct RelayGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     if (device.has_index()) t_current_device = device.index();
   }
 
+  // Where a GPU serves the device, a relay stream is the CUDA stream of the same
+  // id on that GPU: the stream relay's CUDA kernels run on. Autograd records
+  // each node's stream at the forward and makes it current for the node's
+  // backward (on the engine's device thread), so relay's backward kernels run
+  // where the forward's did: on a CUDA graph's capture stream, or on a side
+  // stream. Without a GPU, work is ordered on the host: one stream.
   c10::Stream getStream(c10::Device device) const override {
+    if (const auto* cuda = cuda_impl(device.index())) {
+      return as_relay(cuda->getStream({c10::kCUDA, device.index()}), device);
+    }
     return c10::Stream(c10::Stream::DEFAULT, device);
   }
 
@@ -71,13 +90,20 @@ struct RelayGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
 
   c10::Stream exchangeStream(c10::Stream stream) const override {
-    return c10::Stream(c10::Stream::DEFAULT, stream.device());
+    const c10::Device device = stream.device();
+    if (const auto* cuda = cuda_impl(device.index())) {
+      return as_relay(cuda->exchangeStream(as_cuda(stream)), device);
+    }
+    return c10::Stream(c10::Stream::DEFAULT, device);
   }
 
   c10::DeviceIndex deviceCount() const noexcept override { return relay::device_count(); }
 
-  c10::Stream getStreamFromGlobalPool(c10::Device device,
-                                     bool /*high_priority*/) const override {
+  c10::Stream getStreamFromGlobalPool(c10::Device device, bool high_priority) const override {
+    if (const auto* cuda = cuda_impl(device.index())) {
+      return as_relay(cuda->getStreamFromGlobalPool({c10::kCUDA, device.index()}, high_priority),
+                      device);
+    }
     return c10::Stream(c10::Stream::DEFAULT, device);
   }
 
@@ -89,15 +115,11 @@ struct RelayGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void record(void** event, const c10::Stream& stream, c10::DeviceIndex index,
               c10::EventFlag flag) const override {
     const c10::DeviceIndex device = index >= 0 ? index : stream.device_index();
-    if (const auto* cuda = cuda_impl(device)) {
-      cuda->record(event, cuda->getStream({c10::kCUDA, device}), device, flag);
-    }
+    if (const auto* cuda = cuda_impl(device)) cuda->record(event, as_cuda(stream), device, flag);
   }
   void block(void* event, const c10::Stream& stream) const override {
     const auto* cuda = cuda_impl(stream.device_index());
-    if (event != nullptr && cuda != nullptr) {
-      cuda->block(event, cuda->getStream({c10::kCUDA, stream.device_index()}));
-    }
+    if (event != nullptr && cuda != nullptr) cuda->block(event, as_cuda(stream));
   }
   bool queryEvent(void* event) const override {
     return event == nullptr || c10::impl::getDeviceGuardImpl(c10::kCUDA)->queryEvent(event);  // only a GPU makes events
@@ -109,7 +131,10 @@ struct RelayGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     if (event != nullptr) c10::impl::getDeviceGuardImpl(c10::kCUDA)->destroyEvent(event, index);
   }
 
-  bool queryStream(const c10::Stream& /*stream*/) const override { return true; }
+  bool queryStream(const c10::Stream& stream) const override {
+    const auto* cuda = cuda_impl(stream.device_index());
+    return cuda == nullptr || cuda->queryStream(as_cuda(stream));
+  }
   void synchronizeStream(const c10::Stream& stream) const override {
     relay::synchronize(stream.device_index());
   }
