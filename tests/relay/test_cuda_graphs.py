@@ -132,11 +132,6 @@ for step in range(3):
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="make_graphed_callables on relay gives gradients other than the module's "
-    "(seen on an H200 with torch 2.11): CUDA-graph support is not finished",
-)
 def test_make_graphed_callables_trains_as_the_module_does():
     done = subprocess.run(
         [sys.executable, "-c", GRAPHED_TRAINING], capture_output=True, text=True, timeout=600
