@@ -29,7 +29,8 @@ INFERENCE_OPS = [
     "aten::ne.Tensor", "aten::lt.Scalar", "aten::lt.Tensor", "aten::le.Scalar", "aten::le.Tensor",
     "aten::gt.Scalar", "aten::gt.Tensor", "aten::ge.Scalar", "aten::ge.Tensor",
     "aten::bitwise_and.Tensor", "aten::bitwise_or.Tensor", "aten::bitwise_not", "aten::ceil",
-    "aten::floor", "aten::sign", "aten::masked_fill_.Scalar", "aten::index_select",
+    "aten::floor", "aten::sign", "aten::isneginf", "aten::isposinf", "aten::tril", "aten::triu",
+    "aten::masked_fill_.Scalar", "aten::index_select",
     "aten::index.Tensor", "aten::_index_put_impl_", "aten::index_add_", "aten::gather",
     "aten::scatter_.value", "aten::scatter.src", "aten::nonzero", "aten::baddbmm",
     "aten::cumsum", "aten::argmax", "aten::max", "aten::max.dim", "aten::topk", "aten::any",
@@ -56,7 +57,12 @@ def boxed_calls() -> dict[str, int]:
 
 def masked(on):
     x = on(torch.randn(3, 4))
-    return x.masked_fill_(x > 0.5, -1.0), torch.where(x < 0, x, on(torch.zeros(3, 4)))
+    causal = torch.full((4, 4), float("-inf")).triu(1)  # a causal mask, as decoders build it
+    causal = on(causal)
+    return (
+        x.masked_fill_(x > 0.5, -1.0), torch.where(x < 0, x, on(torch.zeros(3, 4))),
+        causal.isneginf(), causal.isposinf(), causal.tril(), causal.triu(1),
+    )  # fmt: skip
 
 
 def indexed(on):
@@ -132,7 +138,8 @@ CALLS = [
                                a == 1, a != 0, a < 0, a > 1, a <= b, a >= b,
                                torch.minimum(a, b), torch.maximum(a, b)))(
          on(torch.tensor([0.0, 1.0, 2.0, -1.0])), on(torch.tensor([0.0, 2.0, 1.0, -1.0])))),
-    ("masks", ["aten::masked_fill_.Scalar", "aten::where.self"], masked),
+    ("masks", ["aten::masked_fill_.Scalar", "aten::where.self", "aten::isneginf", "aten::tril"],
+     masked),
     ("indexing", ["aten::index.Tensor", "aten::_index_put_impl_", "aten::index_select"], indexed),
     ("scatter and gather", ["aten::gather", "aten::scatter_.value", "aten::index_add_"],
      scattered),
