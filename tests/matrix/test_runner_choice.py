@@ -148,6 +148,36 @@ def test_run_cell_gives_the_job_its_wheelhouse_and_records_the_result(
         assert result["error"] is None
 
 
+def test_a_passed_result_stands_for_the_same_job_on_the_same_sources_when_asked(
+    repo_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fallback_matrix.matrix import expand_cells, load_matrix, pick_cells
+    from fallback_matrix.running import REUSE_PASSED_ENV, run_cell
+    from fallback_matrix.wheelhouse import MANIFEST_NAME, dependency_groups, wheelhouse_name
+
+    monkeypatch.setenv("FALLBACK_MATRIX_CACHE", str(tmp_path / "cache"))
+    matrix = load_matrix(repo_root / "matrix.yaml")
+    (cell,) = pick_cells(expand_cells(matrix.spec), ["cpu"])
+    groups = dependency_groups(repo_root / "pyproject.toml")
+    wheelhouse = tmp_path / "cache" / "wheelhouse" / wheelhouse_name(cell, groups)
+    wheelhouse.mkdir(parents=True)
+    (wheelhouse / MANIFEST_NAME).write_text("{}")
+    out = tmp_path / "out" / "cpu"
+
+    def runs(runner: FakeRunner, **options: object) -> int:
+        before = len(runner.jobs)
+        run_cell(matrix, cell, runner, out=out, reporter=Reporter(), **options)
+        return len(runner.jobs) - before
+
+    failing, passing = FakeRunner(1), FakeRunner(0)
+    monkeypatch.setenv(REUSE_PASSED_ENV, "1")
+    assert runs(failing) == 1 and runs(failing) == 1  # a failed result never stands
+    assert runs(passing) == 1 and runs(passing) == 0  # the same job: the passed result stands
+    assert runs(passing, cache_cap=1024) == 1  # another job (an option differs) runs
+    monkeypatch.delenv(REUSE_PASSED_ENV)
+    assert runs(passing, cache_cap=1024) == 1  # unasked, every run runs
+
+
 def test_clean_removes_leftovers_and_with_caches_the_caches(
     repo_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
