@@ -39,8 +39,16 @@ def source_files(repo: Path) -> list[str]:
     return sorted(name for name in set(names) if name and (repo / name).is_file())
 
 
-def make_job(matrix: LoadedMatrix, cell: Cell, cache: Path, artifacts: Path, **options: Any) -> Job:
-    """The job of ``cell`` with host paths (the Docker runner maps them into its container)."""
+def make_job(
+    matrix: LoadedMatrix,
+    cell: Cell,
+    cache: Path,
+    artifacts: Path,
+    sources: list[str] | None = None,
+    **options: Any,
+) -> Job:
+    """The job of ``cell`` with host paths (the Docker runner maps them into its container);
+    ``sources``: source_files(matrix.root), where the caller has listed them already."""
     local, tests, image = cache / "local", cell.tests, cell.image
     return Job(
         cell=cell.name,
@@ -48,7 +56,7 @@ def make_job(matrix: LoadedMatrix, cell: Cell, cache: Path, artifacts: Path, **o
         test_paths=list(tests.paths),
         test_markers=tests.markers,
         test_workers=str(tests.workers),
-        sources=source_files(matrix.root),
+        sources=source_files(matrix.root) if sources is None else sources,
         repo=str(matrix.root),
         cache=str(local),
         work=str(local / "work" / cell.name),
@@ -59,13 +67,15 @@ def make_job(matrix: LoadedMatrix, cell: Cell, cache: Path, artifacts: Path, **o
     )
 
 
-def job_fingerprint(matrix: LoadedMatrix, cell: Cell, runner: Runner, options: Mapping) -> str:
+def job_fingerprint(
+    matrix: LoadedMatrix, cell: Cell, runner: Runner, options: Mapping, sources: list[str]
+) -> str:
     """What decides a cell's result: its definition, the runner, the options and the
-    contents of every source file."""
+    contents of every source file (``sources``, source_files' list)."""
     digest = hashlib.sha256()
     definition = [cell.model_dump(mode="json"), runner.name, sorted(options.items())]
     digest.update(json.dumps(definition, sort_keys=True, default=str).encode())
-    for name in source_files(matrix.root):
+    for name in sources:
         digest.update(name.encode() + b"\0" + (matrix.root / name).read_bytes() + b"\0")
     return digest.hexdigest()
 
@@ -110,7 +120,8 @@ def run_cell(
     ``options``: Job fields (``cache_cap`` also bounds the wheelhouses). A failure ends up in
     result.json's record, returned, never raised. With $FALLBACK_MATRIX_REUSE_PASSED=1, a
     passed result of the same job on the same sources in ``out`` stands, not run again."""
-    fingerprint = job_fingerprint(matrix, cell, runner, options)
+    sources = source_files(matrix.root)
+    fingerprint = job_fingerprint(matrix, cell, runner, options, sources)
     if os.environ.get(REUSE_PASSED_ENV) == "1" and (earlier := passed_earlier(out, fingerprint)):
         reporter.say(
             f"cell {cell.name}: the same job on the same sources passed earlier in this run "
@@ -129,7 +140,9 @@ def run_cell(
             with cache.in_use(wheelhouse_path(cell, pyproject, root)):
                 wheelhouse = ensure_wheelhouse(cell, pyproject, root, log)
                 prune_wheelhouses(wheelhouse, options.get("cache_cap"), log)
-                job = make_job(matrix, cell, root, out, wheelhouse=str(wheelhouse), **options)
+                job = make_job(
+                    matrix, cell, root, out, sources, wheelhouse=str(wheelhouse), **options
+                )
                 exit_code, where = runner.run(job, log)
             if exit_code != 0:
                 status = f"exit status {exit_code}{JOB_EXIT_REASONS.get(exit_code, '')}"

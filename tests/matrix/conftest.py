@@ -85,6 +85,17 @@ def repo_root() -> Path:
 
 
 @pytest.fixture
+def cpu_cell(repo_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The repository's matrix and its cpu cell, with the host cache in tmp_path/cache."""
+    from fallback_matrix.matrix import expand_cells, load_matrix, pick_cells
+
+    monkeypatch.setenv("FALLBACK_MATRIX_CACHE", str(tmp_path / "cache"))
+    matrix = load_matrix(repo_root / "matrix.yaml")
+    (cell,) = pick_cells(expand_cells(matrix.spec), ["cpu"])
+    return matrix, cell
+
+
+@pytest.fixture
 def reporter() -> Any:
     """A Reporter printing into a buffer: reporter.stream.getvalue() is what a user saw."""
     import io

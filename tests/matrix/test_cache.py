@@ -8,6 +8,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -306,14 +307,11 @@ class FakeRunner:
 
 
 def test_a_cell_run_prunes_the_wheelhouses_but_its_own(
-    repo_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    repo_root: Path, tmp_path: Path, cpu_cell: Any
 ) -> None:
-    from fallback_matrix.matrix import expand_cells, load_matrix, pick_cells
     from fallback_matrix.wheelhouse import MANIFEST_NAME, wheelhouse_path
 
-    monkeypatch.setenv("FALLBACK_MATRIX_CACHE", str(tmp_path / "cache"))
-    matrix = load_matrix(repo_root / "matrix.yaml")
-    (cell,) = pick_cells(expand_cells(matrix.spec), ["cpu"])
+    matrix, cell = cpu_cell
     mine = wheelhouse_path(cell, repo_root / "pyproject.toml", tmp_path / "cache")
     stamp = time.time() - 3 * DAY
     for age, path in enumerate(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -114,23 +115,27 @@ class FakeRunner:
         return self.status, "a fake runner"
 
 
+@pytest.fixture
+def cpu_cell_with_wheelhouse(repo_root: Path, tmp_path: Path, cpu_cell: Any) -> Any:
+    """The cpu cell (matrix, cell) and its complete wheelhouse: nothing to download."""
+    from fallback_matrix.wheelhouse import MANIFEST_NAME, wheelhouse_path
+
+    matrix, cell = cpu_cell
+    wheelhouse = wheelhouse_path(cell, repo_root / "pyproject.toml", tmp_path / "cache")
+    wheelhouse.mkdir(parents=True)
+    (wheelhouse / MANIFEST_NAME).write_text("{}")
+    return matrix, cell, wheelhouse
+
+
 @pytest.mark.parametrize("status", [0, 137])
 def test_run_cell_gives_the_job_its_wheelhouse_and_records_the_result(
-    repo_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, status: int
+    tmp_path: Path, cpu_cell_with_wheelhouse: Any, status: int
 ) -> None:
     import json
 
-    from fallback_matrix.matrix import expand_cells, load_matrix, pick_cells
     from fallback_matrix.running import run_cell
-    from fallback_matrix.wheelhouse import MANIFEST_NAME, dependency_groups, wheelhouse_name
 
-    monkeypatch.setenv("FALLBACK_MATRIX_CACHE", str(tmp_path / "cache"))
-    matrix = load_matrix(repo_root / "matrix.yaml")
-    (cell,) = pick_cells(expand_cells(matrix.spec), ["cpu"])
-    groups = dependency_groups(repo_root / "pyproject.toml")
-    wheelhouse = tmp_path / "cache" / "wheelhouse" / wheelhouse_name(cell, groups)
-    wheelhouse.mkdir(parents=True)
-    (wheelhouse / MANIFEST_NAME).write_text("{}")  # complete: nothing to download
+    matrix, cell, wheelhouse = cpu_cell_with_wheelhouse
     runner = FakeRunner(status)
     result = run_cell(matrix, cell, runner, out=tmp_path / "out" / "cpu", reporter=Reporter())
     (job,) = runner.jobs
@@ -149,19 +154,11 @@ def test_run_cell_gives_the_job_its_wheelhouse_and_records_the_result(
 
 
 def test_a_passed_result_stands_for_the_same_job_on_the_same_sources_when_asked(
-    repo_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cpu_cell_with_wheelhouse: Any
 ) -> None:
-    from fallback_matrix.matrix import expand_cells, load_matrix, pick_cells
     from fallback_matrix.running import REUSE_PASSED_ENV, run_cell
-    from fallback_matrix.wheelhouse import MANIFEST_NAME, dependency_groups, wheelhouse_name
 
-    monkeypatch.setenv("FALLBACK_MATRIX_CACHE", str(tmp_path / "cache"))
-    matrix = load_matrix(repo_root / "matrix.yaml")
-    (cell,) = pick_cells(expand_cells(matrix.spec), ["cpu"])
-    groups = dependency_groups(repo_root / "pyproject.toml")
-    wheelhouse = tmp_path / "cache" / "wheelhouse" / wheelhouse_name(cell, groups)
-    wheelhouse.mkdir(parents=True)
-    (wheelhouse / MANIFEST_NAME).write_text("{}")
+    matrix, cell, _ = cpu_cell_with_wheelhouse
     out = tmp_path / "out" / "cpu"
 
     def runs(runner: FakeRunner, **options: object) -> int:
