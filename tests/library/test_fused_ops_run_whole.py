@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from checks import assert_fell_back, served_unboxed
+from checks import assert_fell_back, calls_on, served_unboxed
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -203,6 +203,66 @@ def test_batch_norm_runs_the_kernels_eager_would(placement, cudnn_enabled, dtype
     names = ["output", "running mean", "running var", "input grad", "weight grad", "bias grad"]
     for name, a, e in zip(names, actual, expected, strict=True):
         assert torch.equal(a.cpu(), e.cpu()), f"{name} differs from the {target} kernel's"
+
+
+def batch_norm_inputs():
+    torch.manual_seed(0)
+    x = torch.randn(4, 8, 6, 6)
+    weight, bias = torch.rand(8) + 0.5, torch.randn(8)
+    mean, var = torch.randn(8), torch.rand(8) + 0.5
+    return x, weight, bias, mean, var
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["training", "eval"])
+def test_batch_norm_without_autograd_runs_eagers_composite_on_the_target(placement, training):
+    """Where autograd records nothing (inference, frozen statistics), F.batch_norm's
+    composite runs whole on the target as eager runs it there: cuDNN's one inference
+    kernel on a GPU (impl index 1), not native_batch_norm's three. Where relay's memory
+    is elsewhere, the composite runs on relay's tensors (native_batch_norm). Either way
+    the results, the running statistics it updates included, are eager's on the target."""
+    args = batch_norm_inputs()
+    on_target = [t.to(placement.target) for t in args]
+    on_relay = [t.to("relay") for t in args]
+    call = torch.ops.aten._batch_norm_impl_index
+    with torch.no_grad():
+        expected = call(*on_target, training, 0.1, 1e-5, True)
+        actual = call(*on_relay, training, 0.1, 1e-5, True)
+    compared = [*actual[:3], *on_relay[3:]], [*expected[:3], *on_target[3:]]
+    if not served_unboxed(placement):
+        compared = [actual[0], *on_relay[3:]], [expected[0], *on_target[3:]]
+    for a, e in zip(*compared, strict=True):
+        assert a.device.type == "relay" and a.shape == e.shape and a.dtype == e.dtype
+        torch.testing.assert_close(a.cpu(), e.cpu())
+    op = "aten::_batch_norm_impl_index"
+    if served_unboxed(placement):
+        assert actual[4] == expected[4], "another kernel than eager's on the target"
+        assert torch_fallback.metrics()[op].calls_unboxed == 1
+        assert calls_on("aten::native_batch_norm", placement.target) == 0
+    else:
+        assert calls_on("aten::native_batch_norm", placement.target) == 1
+
+
+def test_batch_norm_that_autograd_records_keeps_native_batch_norms_gradients(placement):
+    """With a tensor that requires grad (or a forward-mode tangent), batch norm goes
+    through native_batch_norm, whose derivatives autograd knows, on relay's tensors."""
+    x, weight, bias, mean, var = batch_norm_inputs()
+    relay_x = x.to("relay").requires_grad_()
+    out = F.batch_norm(relay_x, mean.to("relay"), var.to("relay"), weight.to("relay"),
+                       bias.to("relay"), training=False)  # fmt: skip
+    assert out.grad_fn is not None
+    out.sum().backward()
+    expected = (weight / (var + 1e-5).sqrt()).view(1, 8, 1, 1).expand_as(x)
+    torch.testing.assert_close(relay_x.grad.cpu(), expected)
+    assert calls_on("aten::native_batch_norm", placement.target) == 1
+
+    tangent = torch.randn_like(x)
+    relay_args = [t.to("relay") for t in (mean, var, weight, bias)]
+    with torch.autograd.forward_ad.dual_level(), torch.no_grad():
+        dual = torch.autograd.forward_ad.make_dual(x.to("relay"), tangent.to("relay"))
+        out = F.batch_norm(dual, *relay_args, training=False)
+        jvp = torch.autograd.forward_ad.unpack_dual(out).tangent
+    assert jvp is not None
+    torch.testing.assert_close(jvp.cpu(), tangent * expected)
 
 
 @pytest.mark.parametrize("training", [True, False], ids=["training", "eval"])

@@ -1,14 +1,19 @@
 // Batch norm on the target as eager runs it there (BatchNormOnTarget): cuDNN's
 // kernels where PyTorch would choose them for CUDA tensors, else the target's
-// native_batch_norm. DirectKernel gives these the views of the call's tensors;
+// native_batch_norm; and eager's composite above it (BatchNormImplIndex). DirectKernel gives these the views of the call's tensors;
 // the boxed fallback runs them through cuda_runner (home memory off the GPU).
 #include <torch_fallback/detail/direct_kernel.h>
 
 #include "decompositions.h"
 
 #include <atomic>
+#include <memory>
+#include <mutex>
+#include <vector>
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/native/Normalization.h>
+#include <ATen/ops/_batch_norm_impl_index_native.h>
 #include <ATen/ops/cudnn_batch_norm_backward_ops.h>
 #include <ATen/ops/cudnn_batch_norm_ops.h>
 #include <ATen/ops/empty.h>
@@ -80,6 +85,48 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> BatchNormBackwardOnTarget::run(
   return at::_ops::native_batch_norm_backward::redispatch(keys, grad_out, input, weight,
                                                           running_mean, running_var, save_mean,
                                                           save_invstd, train, eps, output_mask);
+}
+
+BatchNormImplIndex::Result BatchNormImplIndex::run(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var, bool training, double momentum, double eps,
+    bool cudnn_enabled) {
+  return at::native::_batch_norm_impl_index(input, weight, bias, running_mean, running_var,
+                                            training, momentum, eps, cudnn_enabled);
+}
+
+BatchNormImplIndex::Result BatchNormImplIndex::autograd(
+    c10::DispatchKeySet keys, const at::Tensor& input, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var, bool training, double momentum, double eps,
+    bool cudnn_enabled) {
+  const auto records = [](const std::optional<at::Tensor>& tensor) {
+    return tensor && tensor->defined() &&
+           ((c10::GradMode::is_enabled() && tensor->requires_grad()) ||
+            tensor->_fw_grad(/*level=*/0).defined());
+  };
+  if (records(input) || records(weight) || records(bias)) {
+    return run(input, weight, bias, running_mean, running_var, training, momentum, eps,
+               cudnn_enabled);
+  }
+  return at::_ops::_batch_norm_impl_index::redispatch(keys & c10::after_autograd_keyset, input,
+                                                      weight, bias, running_mean, running_var,
+                                                      training, momentum, eps, cudnn_enabled);
+}
+
+void BatchNormImplIndex::register_autograd(c10::DeviceType device_type) {
+  const auto backend = c10::toBackendComponent(
+      c10::computeDispatchKey(std::nullopt, c10::kStrided, c10::Device(device_type)));
+  const c10::DispatchKey key = c10::getAutogradKeyFromBackend(backend);
+  static std::mutex libraries_mutex;
+  static std::vector<std::unique_ptr<torch::Library>> libraries;
+  const std::lock_guard<std::mutex> lock(libraries_mutex);
+  const auto op = c10::Dispatcher::singleton().findOp({"aten::_batch_norm_impl_index", ""});
+  if (op && op->hasKernelForDispatchKey(key)) return;  // the backend's own
+  auto& library = libraries.emplace_back(
+      std::make_unique<torch::Library>(torch::Library::IMPL, "aten", key, __FILE__, __LINE__));
+  library->impl("_batch_norm_impl_index", TORCH_FN(autograd));
 }
 
 }  // namespace torch_fallback::detail

@@ -79,6 +79,11 @@ void register_kernels(torch::Library& aten) {
   detail::register_direct_kernel<Adapter, ops::native_batch_norm, detail::BatchNormOnTarget>(aten);
   detail::register_direct_kernel<Adapter, ops::native_batch_norm_backward,
                                  detail::BatchNormBackwardOnTarget>(aten);
+  if (detail::register_direct_kernel<Adapter, ops::_batch_norm_impl_index,
+                                     detail::TargetKernel<ops::_batch_norm_impl_index>,
+                                     detail::BatchNormImplIndex>(aten)) {
+    detail::BatchNormImplIndex::register_autograd(device_type);
+  }
   for (const std::string& name : ops_run_whole()) {
     // The backend's own kernels, registered before this call, win.
     if (detail::has_kernel(name, Adapter().device_type)) continue;

@@ -3,6 +3,7 @@
 // register_kernels registers, and what they need. Not part of the stable API.
 #include "../fallback.h"
 
+#include <ATen/ops/_batch_norm_impl_index_ops.h>
 #include <ATen/ops/_foreach_add_ops.h>
 #include <ATen/ops/_foreach_addcdiv_ops.h>
 #include <ATen/ops/_foreach_addcmul_ops.h>
@@ -161,6 +162,31 @@ struct TORCH_FALLBACK_API BatchNormBackwardOnTarget {
       std::array<bool, 3> output_mask);
 };
 
+// F.batch_norm reaches native_batch_norm through the composite
+// _batch_norm_impl_index, which takes cuDNN only for CUDA tensors: for a
+// backend's tensors in eval mode, native_batch_norm costs three GPU kernels
+// (it also returns the saved statistics) where eager runs cuDNN's one. Where
+// autograd records nothing, the composite runs whole on the target, as eager
+// runs it there (a DirectKernel); where autograd records, or the call is not
+// served directly, it runs on the backend's tensors (run), as without this kernel.
+struct TORCH_FALLBACK_API BatchNormImplIndex {
+  using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t>;
+  static Result run(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                    const std::optional<at::Tensor>& bias,
+                    const std::optional<at::Tensor>& running_mean,
+                    const std::optional<at::Tensor>& running_var, bool training, double momentum,
+                    double eps, bool cudnn_enabled);
+  // The kernel for the backend's autograd key: run where autograd records,
+  // else the backend's kernel.
+  static Result autograd(c10::DispatchKeySet keys, const at::Tensor& input,
+                         const std::optional<at::Tensor>& weight,
+                         const std::optional<at::Tensor>& bias,
+                         const std::optional<at::Tensor>& running_mean,
+                         const std::optional<at::Tensor>& running_var, bool training,
+                         double momentum, double eps, bool cudnn_enabled);
+  static void register_autograd(c10::DeviceType device_type);
+};
+
 class TargetImplPool;
 
 // What both engines record of one call: its metrics (time, where it ran, bytes
@@ -317,14 +343,15 @@ class TORCH_FALLBACK_API DirectCall {
 };
 
 // An unboxed kernel for the op `Op` (an at::_ops struct): DirectCall where it
-// serves the call (running `Run` on the target), else the boxed fallback.
+// serves the call (running `Run` on the target), else `Otherwise::run` on the
+// backend's tensors, or the boxed fallback where Otherwise is void.
 template <const BackendAdapter& (*Adapter)(), typename Op, typename Run = TargetKernel<Op>,
-          typename Schema = typename Op::schema>
+          typename Otherwise = void, typename Schema = typename Op::schema>
 struct DirectKernel;
 
-template <const BackendAdapter& (*Adapter)(), typename Op, typename Run, typename Result,
-          typename... Args>
-struct DirectKernel<Adapter, Op, Run, Result(Args...)> {
+template <const BackendAdapter& (*Adapter)(), typename Op, typename Run, typename Otherwise,
+          typename Result, typename... Args>
+struct DirectKernel<Adapter, Op, Run, Otherwise, Result(Args...)> {
   static Result call(Args... args) {
     static const c10::OperatorHandle op =
         c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
@@ -360,14 +387,18 @@ struct DirectKernel<Adapter, Op, Run, Result(Args...)> {
         }
       }
     }
-    torch::jit::Stack stack = c10::impl::boxArgs<Args...>(args...);
-    boxed_fallback(Adapter(), op, &stack);
-    if constexpr (std::is_void_v<Result>) {
-      return;
-    } else if constexpr (std::is_same_v<Result, at::Tensor&>) {
-      return self(args...);
+    if constexpr (!std::is_void_v<Otherwise>) {
+      return Otherwise::run(args...);
     } else {
-      return c10::impl::PopResult<Result>::call(stack);
+      torch::jit::Stack stack = c10::impl::boxArgs<Args...>(args...);
+      boxed_fallback(Adapter(), op, &stack);
+      if constexpr (std::is_void_v<Result>) {
+        return;
+      } else if constexpr (std::is_same_v<Result, at::Tensor&>) {
+        return self(args...);
+      } else {
+        return c10::impl::PopResult<Result>::call(stack);
+      }
     }
   }
 
@@ -379,13 +410,16 @@ struct DirectKernel<Adapter, Op, Run, Result(Args...)> {
   }
 };
 
-template <const BackendAdapter& (*Adapter)(), typename Op, typename Run = TargetKernel<Op>>
-void register_direct_kernel(torch::Library& aten) {
+// Whether the kernel was registered: not where the backend has its own.
+template <const BackendAdapter& (*Adapter)(), typename Op, typename Run = TargetKernel<Op>,
+          typename Otherwise = void>
+bool register_direct_kernel(torch::Library& aten) {
   std::string name = std::string(Op::name).substr(std::string("aten::").size());
   if (*Op::overload_name != '\0') name += std::string(".") + Op::overload_name;
-  if (has_kernel(name, Adapter().device_type)) return;  // the backend's own
-  using Kernel = DirectKernel<Adapter, Op, Run>;
+  if (has_kernel(name, Adapter().device_type)) return false;
+  using Kernel = DirectKernel<Adapter, Op, Run, Otherwise>;
   aten.impl(name.c_str(), TORCH_FN(Kernel::call));
+  return true;
 }
 
 template <const BackendAdapter& (*Adapter)(), typename... Ops>
