@@ -46,11 +46,14 @@ def workload(name: str, device: str):
 
         return call, sync
     model, case = zoo_bench.load_zoo().make_case(name, 1)
-    model = model.to(device).eval()
-    inputs = {
-        key: value.to(device) if isinstance(value, torch.Tensor) else value
-        for key, value in case["eval"].items()
-    }
+    model = model.to(device=device, dtype=torch.float32).eval()  # the zoo's is float64
+
+    def move(value):
+        if not isinstance(value, torch.Tensor):
+            return value
+        return value.to(device, torch.float32) if value.is_floating_point() else value.to(device)
+
+    inputs = {key: move(value) for key, value in case["eval"].items()}
 
     def forward() -> None:
         with torch.no_grad():
@@ -88,7 +91,7 @@ def profile_side(args: argparse.Namespace) -> dict:
         runtime, kernels, kernel_us, ops = Counter(), Counter(), Counter(), Counter()
         for event in prof.events():
             kind = str(event.device_type).rsplit(".", 1)[-1]
-            if kind == "CUDA":
+            if kind in ("CUDA", "PrivateUse1"):  # relay's GPU work is reported as its own
                 kernels[event.name] += 1
                 kernel_us[event.name] += event.device_time
             elif event.name.startswith(("cuda", "cu")) and not event.name.startswith("cuda::"):
