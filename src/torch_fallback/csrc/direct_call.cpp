@@ -2,6 +2,7 @@
 // of backend tensors that already live on the target (DirectKernel, kernels.h).
 #include "call_support.h"
 
+#include <ATen/ops/_to_copy_native.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include "metrics.h"
@@ -266,6 +267,14 @@ at::Tensor DirectCall::to_backend(const at::Tensor& result) {
 
 void DirectCall::add_context(c10::Error& error) const {
   add_target_context(error, rules_, target_);
+}
+
+at::Tensor ToCopy::run(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
+                       std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                       std::optional<bool> pin_memory, bool non_blocking,
+                       std::optional<c10::MemoryFormat> memory_format) {
+  return at::native::_to_copy(self, dtype, layout, device, pin_memory, non_blocking,
+                              memory_format);
 }
 
 }  // namespace detail
