@@ -38,7 +38,7 @@ INFERENCE_OPS = [
     "aten::max_pool2d_with_indices", "aten::native_group_norm", "aten::silu_backward",
     "aten::sigmoid_backward", "aten::tanh_backward", "aten::hardtanh_backward",
     "aten::max_pool2d_with_indices_backward", "aten::native_group_norm_backward",
-    "aten::embedding_dense_backward", "aten::_to_copy",
+    "aten::embedding_dense_backward", "aten::_to_copy", "aten::arange.start_out",
 ]  # fmt: skip
 
 
@@ -203,6 +203,38 @@ def test_a_cast_keeps_eagers_strides_and_a_move_takes_the_composite(placement):
     moved = on_relay.to("cpu", torch.float64)
     assert moved.device.type == "cpu" and torch.equal(moved, x.double())
     assert unboxed("aten::_to_copy") == 0
+
+
+ARANGES = [
+    ((5,), {}), ((1, 10, 3), {}), ((0.0, 1.0, 0.1), {}), ((2, -7, -2), {}), ((0,), {}),
+    ((10,), {"dtype": torch.float16}), ((0, 1, 1 / 3), {"dtype": torch.float64}),
+]  # fmt: skip
+
+
+def test_arange_matches_eager_unboxed_where_relay_memory_is(placement):
+    """torch.arange on relay (arange.start_out on an empty tensor, which it sizes)."""
+    for args, kwargs in ARANGES:
+        assert_same(torch.arange(*args, device="relay", **kwargs), torch.arange(*args, **kwargs))
+    expected = len(ARANGES) if served_unboxed(placement) else 0
+    assert unboxed("aten::arange.start_out") == expected
+    assert torch_fallback.metrics()["aten::arange.start_out"].calls == len(ARANGES)
+
+
+def test_arange_into_an_output_keeps_eagers_rules(placement):
+    """An output of the right size keeps its shape and memory (a view writes its base);
+    one of another size is resized with eager's warning; a bad range fails as in eager."""
+    out = torch.empty(2, 3, dtype=torch.long, device="relay")
+    torch.arange(6, out=out)
+    assert out.shape == (2, 3) and torch.equal(out.cpu(), torch.arange(6).view(2, 3))
+    base = torch.zeros(10, dtype=torch.long, device="relay")
+    torch.arange(5, out=base[2:7])
+    assert torch.equal(base.cpu(), torch.tensor([0, 0, 0, 1, 2, 3, 4, 0, 0, 0]))
+    wrong_size = torch.empty(4, device="relay")
+    with pytest.warns(UserWarning, match="does not match the computed number of elements 6"):
+        torch.arange(6, out=wrong_size)
+    assert torch.equal(wrong_size.cpu(), torch.arange(6.0))
+    with pytest.raises(RuntimeError, match="step must be nonzero"):
+        torch.arange(0, 10, 0, device="relay")
 
 
 def reads_on_the_cpu(placement) -> bool:

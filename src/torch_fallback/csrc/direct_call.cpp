@@ -7,6 +7,8 @@
 
 #include "metrics.h"
 
+#include <cmath>
+
 namespace torch_fallback {
 namespace detail {
 
@@ -267,6 +269,31 @@ at::Tensor DirectCall::to_backend(const at::Tensor& result) {
 
 void DirectCall::add_context(c10::Error& error) const {
   add_target_context(error, rules_, target_);
+}
+
+int64_t arange_size(const c10::Scalar& start, const c10::Scalar& end, const c10::Scalar& step,
+                    c10::ScalarType dtype) {
+  // The CPU and CUDA kernels' size (arange_out): in int64 for int64, else in double.
+  if (dtype == c10::kLong && start.isIntegral(false) && end.isIntegral(false) &&
+      step.isIntegral(false)) {
+    const int64_t first = start.to<int64_t>();
+    const int64_t last = end.to<int64_t>();
+    const int64_t by = step.to<int64_t>();
+    if (by == 0 || (by > 0 && last < first) || (by < 0 && last > first)) return -1;
+    return (last - first + by - (by > 0 ? 1 : -1)) / by;
+  }
+  if (!c10::isFloatingType(dtype) && !c10::isIntegralType(dtype, /*includeBool=*/false)) {
+    return -1;
+  }
+  const double first = start.to<double>();
+  const double last = end.to<double>();
+  const double by = step.to<double>();
+  if (by == 0 || !std::isfinite(first) || !std::isfinite(last) || (by > 0 && last < first) ||
+      (by < 0 && last > first)) {
+    return -1;
+  }
+  const double size = std::ceil((last - first) / by);
+  return size >= 0 && size < 9.0e18 ? static_cast<int64_t>(size) : -1;
 }
 
 at::Tensor ToCopy::run(const at::Tensor& self, std::optional<c10::ScalarType> dtype,

@@ -103,9 +103,11 @@ std::unique_ptr<OpRules> make_rules(const c10::OperatorHandle& op) {
   // views are the backend's memory, so hidden writes (batch norm's running
   // statistics) land there as they do in eager.
   // _to_copy's kernel (ToCopyKernel) runs it directly only where its device and
-  // layout arguments ask for a cast on the tensor's own device.
+  // layout arguments ask for a cast on the tensor's own device; arange's
+  // (ArangeKernel) sizes its output before, so that the target kernel resizes nothing.
   const bool placement_checked_by_kernel = rules->name == "aten::_to_copy";
-  rules->runs_direct = rules->resizable_arguments.empty() &&
+  const bool sized_by_kernel = rules->full_name == "aten::arange.start_out";
+  rules->runs_direct = (rules->resizable_arguments.empty() || sized_by_kernel) &&
                        rules->generator_arguments.empty() &&
                        (placement_checked_by_kernel ||
                         (rules->layout_arguments.empty() && !takes_a_device)) &&

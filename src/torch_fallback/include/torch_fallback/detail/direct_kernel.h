@@ -31,6 +31,7 @@
 #include <ATen/ops/addmm_ops.h>
 #include <ATen/ops/all_ops.h>
 #include <ATen/ops/any_ops.h>
+#include <ATen/ops/arange_ops.h>
 #include <ATen/ops/argmax_ops.h>
 #include <ATen/ops/baddbmm_ops.h>
 #include <ATen/ops/bitwise_and_ops.h>
@@ -404,7 +405,7 @@ struct DirectKernel<Adapter, Op, Run, Otherwise, Result(Args...)> {
         } else if constexpr (std::is_same_v<Result, at::Tensor&>) {
           run();  // an in-place op: it wrote self through its view
           direct.finish();
-          return self(args...);
+          return written(args...);
         } else if constexpr (std::is_arithmetic_v<Result> ||  // _fused_sdp_choice's choice
                              std::is_same_v<Result, c10::Scalar>) {  // item()'s number
           const Result value = run();
@@ -423,7 +424,7 @@ struct DirectKernel<Adapter, Op, Run, Otherwise, Result(Args...)> {
       if constexpr (std::is_void_v<Result>) {
         return;
       } else if constexpr (std::is_same_v<Result, at::Tensor&>) {
-        return self(args...);
+        return written(args...);
       } else {
         return c10::impl::PopResult<Result>::call(stack);
       }
@@ -431,10 +432,14 @@ struct DirectKernel<Adapter, Op, Run, Otherwise, Result(Args...)> {
   }
 
  private:
-  // An in-place op's first argument, which it writes and returns.
-  template <typename... Rest>
-  static at::Tensor& self(at::Tensor& written, Rest&&... /*others*/) {
-    return written;
+  // The tensor an in-place or out= op writes and returns: its first non-const one.
+  template <typename First, typename... Rest>
+  static at::Tensor& written(First&& first, Rest&&... rest) {
+    if constexpr (std::is_same_v<First, at::Tensor&>) {
+      return first;
+    } else {
+      return written(std::forward<Rest>(rest)...);
+    }
   }
 };
 
@@ -466,6 +471,35 @@ struct ToCopyKernel {
     }
     return DirectKernel<Adapter, at::_ops::_to_copy, ToCopyOnTarget, ToCopy>::call(
         self, dtype, layout, device, pin_memory, non_blocking, memory_format);
+  }
+};
+
+// arange.start_out, which torch.arange(..., device=<backend>) calls on an empty
+// tensor. Where the size the target kernel will compute is known (arange_size),
+// the output is sized on the backend first, so that the target kernel writes it
+// in place through a view, unboxed. Anything else (an output of another size,
+// which the kernel resizes with a warning; a range it refuses) is served boxed,
+// as eager serves it on the target.
+TORCH_FALLBACK_API int64_t arange_size(const c10::Scalar& start, const c10::Scalar& end,
+                                       const c10::Scalar& step, c10::ScalarType dtype);
+
+template <const BackendAdapter& (*Adapter)()>
+struct ArangeKernel {
+  static at::Tensor& call(const c10::Scalar& start, const c10::Scalar& end,
+                          const c10::Scalar& step, at::Tensor& out) {
+    const int64_t size = arange_size(start, end, step, out.scalar_type());
+    if (size >= 0 && (out.numel() == size || out.numel() == 0)) {
+      if (out.numel() != size) out.resize_({size});
+      try {
+        return DirectKernel<Adapter, at::_ops::arange_start_out>::call(start, end, step, out);
+      } catch (const c10::Error&) {  // the target sized it otherwise: served boxed below
+      }
+    }
+    static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(
+        at::_ops::arange_start_out::name, at::_ops::arange_start_out::overload_name);
+    torch::jit::Stack stack{start, end, step, out};
+    boxed_fallback(Adapter(), op, &stack);
+    return out;
   }
 };
 
