@@ -38,7 +38,7 @@ INFERENCE_OPS = [
     "aten::max_pool2d_with_indices", "aten::native_group_norm", "aten::silu_backward",
     "aten::sigmoid_backward", "aten::tanh_backward", "aten::hardtanh_backward",
     "aten::max_pool2d_with_indices_backward", "aten::native_group_norm_backward",
-    "aten::embedding_dense_backward", "aten::_to_copy", "aten::arange.start_out",
+    "aten::embedding_dense_backward", "aten::arange.start_out",
 ]  # fmt: skip
 
 
@@ -125,16 +125,6 @@ def embedding_backward(on):
     return torch.autograd.grad(y.square().sum(), weight)
 
 
-def casts(on):
-    """What autocast, .float() and .to(dtype) call: _to_copy on the tensor's own device."""
-    x, images = on(torch.randn(3, 4)), on(torch.randn(2, 3, 4, 5))
-    with torch.autocast(x.device.type, dtype=torch.bfloat16):
-        linear = F.linear(x, on(torch.randn(2, 4)))
-    return (x.to(torch.bfloat16), x.double(), x.t().half(), x[:, 1:].to(torch.int32), linear,
-            images.to(memory_format=torch.channels_last),
-            on(torch.randn(3, dtype=torch.cfloat)).conj().to(torch.cdouble))  # fmt: skip
-
-
 # (name, ops it must count, call): each call takes a function that puts a CPU tensor where it runs.
 CALLS = [
     ("rms_norm", ["aten::pow.Tensor_Scalar", "aten::rsqrt"], rms_norm),
@@ -163,7 +153,6 @@ CALLS = [
                                 "aten::max_pool2d_with_indices_backward"],
      group_norm_and_pooling_backward),
     ("embedding backward", ["aten::embedding_dense_backward"], embedding_backward),
-    ("casts", ["aten::_to_copy"], casts),
 ]  # fmt: skip
 
 
@@ -185,24 +174,6 @@ def test_inference_op_matches_eager_unboxed_where_relay_memory_is(placement, nam
         assert counted is not None and counted.calls > 0, f"{op} did not reach the fallback"
         # Elsewhere the boxed fallback copies the tensors to the target and back.
         assert (unboxed(op) > 0) == served_unboxed(placement), op
-
-
-def test_a_cast_keeps_eagers_strides_and_a_move_takes_the_composite(placement):
-    """A cast on relay gives the strides eager gives (memory formats preserved or
-    asked for); a move to another device is not a cast and copies as before."""
-    x = torch.randn(2, 3, 4, 5).permute(0, 2, 3, 1)
-    on_relay = x.to("relay")
-    for cast in (
-        lambda t: t.to(torch.float64),
-        lambda t: t.to(memory_format=torch.contiguous_format),
-        lambda t: t.to(torch.half, memory_format=torch.channels_last),
-    ):
-        assert cast(on_relay).stride() == cast(x).stride()
-        torch.testing.assert_close(cast(on_relay).cpu(), cast(x))
-    torch_fallback.reset_metrics()
-    moved = on_relay.to("cpu", torch.float64)
-    assert moved.device.type == "cpu" and torch.equal(moved, x.double())
-    assert unboxed("aten::_to_copy") == 0
 
 
 ARANGES = [

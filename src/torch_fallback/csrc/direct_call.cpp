@@ -2,7 +2,6 @@
 // of backend tensors that already live on the target (DirectKernel, kernels.h).
 #include "call_support.h"
 
-#include <ATen/ops/_to_copy_native.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include "metrics.h"
@@ -273,9 +272,9 @@ void DirectCall::add_context(c10::Error& error) const {
 
 int64_t arange_size(const c10::Scalar& start, const c10::Scalar& end, const c10::Scalar& step,
                     c10::ScalarType dtype) {
-  // The CPU and CUDA kernels' size (arange_out): in int64 for int64, else in double.
-  if (dtype == c10::kLong && start.isIntegral(false) && end.isIntegral(false) &&
-      step.isIntegral(false)) {
+  // The CPU and CUDA kernels' size (arange_out): in int64 for int64 (the bounds
+  // truncated, as the kernels take them), else in double. -1 where the kernels refuse.
+  if (dtype == c10::kLong) {
     const int64_t first = start.to<int64_t>();
     const int64_t last = end.to<int64_t>();
     const int64_t by = step.to<int64_t>();
@@ -294,14 +293,6 @@ int64_t arange_size(const c10::Scalar& start, const c10::Scalar& end, const c10:
   }
   const double size = std::ceil((last - first) / by);
   return size >= 0 && size < 9.0e18 ? static_cast<int64_t>(size) : -1;
-}
-
-at::Tensor ToCopy::run(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
-                       std::optional<c10::Layout> layout, std::optional<c10::Device> device,
-                       std::optional<bool> pin_memory, bool non_blocking,
-                       std::optional<c10::MemoryFormat> memory_format) {
-  return at::native::_to_copy(self, dtype, layout, device, pin_memory, non_blocking,
-                              memory_format);
 }
 
 }  // namespace detail

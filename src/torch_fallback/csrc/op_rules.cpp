@@ -102,16 +102,13 @@ std::unique_ptr<OpRules> make_rules(const c10::OperatorHandle& op) {
   // A DirectCall checks CPU tensors among the arguments by their values. Its
   // views are the backend's memory, so hidden writes (batch norm's running
   // statistics) land there as they do in eager.
-  // _to_copy's kernel (ToCopyKernel) runs it directly only where its device and
-  // layout arguments ask for a cast on the tensor's own device; arange's
-  // (ArangeKernel) sizes its output before, so that the target kernel resizes nothing.
-  const bool placement_checked_by_kernel = rules->name == "aten::_to_copy";
+  // arange's kernel (ArangeKernel) sizes its output before, so that the target
+  // kernel resizes nothing.
   const bool sized_by_kernel = rules->full_name == "aten::arange.start_out";
   rules->runs_direct = (rules->resizable_arguments.empty() || sized_by_kernel) &&
-                       rules->generator_arguments.empty() &&
-                       (placement_checked_by_kernel ||
-                        (rules->layout_arguments.empty() && !takes_a_device)) &&
-                       !rules->returns_a_view && rules->unservable_result.empty();
+                       rules->generator_arguments.empty() && rules->layout_arguments.empty() &&
+                       !takes_a_device && !rules->returns_a_view &&
+                       rules->unservable_result.empty();
   using c10::DispatchKey;
   rules->has_cpu_kernel = op.hasComputedKernelForDispatchKey(DispatchKey::CPU);
   rules->has_cuda_kernel = op.hasComputedKernelForDispatchKey(DispatchKey::CUDA);

@@ -24,7 +24,6 @@
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_ops.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward_ops.h>
 #include <ATen/ops/_softmax_ops.h>
-#include <ATen/ops/_to_copy_ops.h>
 #include <ATen/ops/_softmax_backward_data_ops.h>
 #include <ATen/ops/abs_ops.h>
 #include <ATen/ops/add_ops.h>
@@ -187,33 +186,6 @@ struct TORCH_FALLBACK_API BatchNormImplIndex {
                          const std::optional<at::Tensor>& running_var, bool training,
                          double momentum, double eps, bool cudnn_enabled);
   static void register_autograd(c10::DeviceType device_type);
-};
-
-// _to_copy that only casts (autocast's casts, .float(), .to(dtype), a memory
-// format): the target's _to_copy on the view, unboxed, instead of the composite's
-// empty and copy_ on the backend. Moves to another device, layout or pinned
-// memory take the composite (run), as without this kernel.
-struct TORCH_FALLBACK_API ToCopy {
-  static bool only_casts(const at::Tensor& self, std::optional<c10::Layout> layout,
-                         std::optional<c10::Device> device, std::optional<bool> pin_memory) {
-    return (!layout || *layout == c10::kStrided) && !pin_memory.value_or(false) &&
-           (!device || *device == self.device());
-  }
-  static at::Tensor run(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
-                        std::optional<c10::Layout> layout, std::optional<c10::Device> device,
-                        std::optional<bool> pin_memory, bool non_blocking,
-                        std::optional<c10::MemoryFormat> memory_format);
-};
-
-// On the target the cast stays on the view's device (only_casts held).
-struct ToCopyOnTarget {
-  static at::Tensor run(c10::DispatchKeySet keys, const at::Tensor& self,
-                        std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> /*layout*/,
-                        std::optional<c10::Device> /*device*/, std::optional<bool> pin_memory,
-                        bool non_blocking, std::optional<c10::MemoryFormat> memory_format) {
-    return at::_ops::_to_copy::redispatch(keys, self, dtype, std::nullopt, std::nullopt,
-                                          pin_memory, non_blocking, memory_format);
-  }
 };
 
 class TargetImplPool;
@@ -459,20 +431,6 @@ template <const BackendAdapter& (*Adapter)(), typename... Ops>
 void register_direct_kernels(torch::Library& aten) {
   (register_direct_kernel<Adapter, Ops>(aten), ...);
 }
-
-template <const BackendAdapter& (*Adapter)()>
-struct ToCopyKernel {
-  static at::Tensor call(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
-                         std::optional<c10::Layout> layout, std::optional<c10::Device> device,
-                         std::optional<bool> pin_memory, bool non_blocking,
-                         std::optional<c10::MemoryFormat> memory_format) {
-    if (!ToCopy::only_casts(self, layout, device, pin_memory)) {
-      return ToCopy::run(self, dtype, layout, device, pin_memory, non_blocking, memory_format);
-    }
-    return DirectKernel<Adapter, at::_ops::_to_copy, ToCopyOnTarget, ToCopy>::call(
-        self, dtype, layout, device, pin_memory, non_blocking, memory_format);
-  }
-};
 
 // arange.start_out, which torch.arange(..., device=<backend>) calls on an empty
 // tensor. Where the size the target kernel will compute is known (arange_size),
