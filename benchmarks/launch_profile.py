@@ -47,13 +47,7 @@ def workload(name: str, device: str):
         return call, sync
     model, case = zoo_bench.load_zoo().make_case(name, 1)
     model = model.to(device=device, dtype=torch.float32).eval()  # the zoo's is float64
-
-    def move(value):
-        if not isinstance(value, torch.Tensor):
-            return value
-        return value.to(device, torch.float32) if value.is_floating_point() else value.to(device)
-
-    inputs = {key: move(value) for key, value in case["eval"].items()}
+    inputs = zoo_bench.moved(case["eval"], device, torch.float32)
 
     def forward() -> None:
         with torch.no_grad():

@@ -42,6 +42,19 @@ def load_zoo():
     return module
 
 
+def moved(inputs: dict, device: str, dtype) -> dict:
+    """A zoo case's inputs on `device`, its floating-point tensors in `dtype`."""
+    import torch
+
+    def move(value):
+        if isinstance(value, torch.Tensor):
+            value = value.to(device)
+            return value.to(dtype) if value.is_floating_point() else value
+        return value
+
+    return {key: move(value) for key, value in inputs.items()}
+
+
 def side_main(args: argparse.Namespace) -> int:
     import torch
 
@@ -68,14 +81,7 @@ def side_main(args: argparse.Namespace) -> int:
             model, case = zoo.make_case(name, 1)
             model = model.to(device=device, dtype=dtype)
             inputs = case["batches"][0] if mode == "train-fp32" else case["eval"]
-
-            def move(value):
-                if isinstance(value, torch.Tensor):
-                    value = value.to(device)
-                    return value.to(dtype) if value.is_floating_point() else value
-                return value
-
-            inputs = {k: move(v) for k, v in inputs.items()}
+            inputs = moved(inputs, device, dtype)
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
             built[key] = (model, inputs, optimizer)
         return built[key]

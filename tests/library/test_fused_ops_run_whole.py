@@ -205,22 +205,25 @@ def test_batch_norm_runs_the_kernels_eager_would(placement, cudnn_enabled, dtype
         assert torch.equal(a.cpu(), e.cpu()), f"{name} differs from the {target} kernel's"
 
 
-def batch_norm_inputs():
+def batch_norm_inputs(dtype=torch.float32):
     torch.manual_seed(0)
-    x = torch.randn(4, 8, 6, 6)
-    weight, bias = torch.rand(8) + 0.5, torch.randn(8)
-    mean, var = torch.randn(8), torch.rand(8) + 0.5
+    x = torch.randn(4, 8, 6, 6, dtype=dtype)
+    weight, bias = torch.rand(8, dtype=dtype) + 0.5, torch.randn(8, dtype=dtype)
+    mean, var = torch.randn(8, dtype=dtype), torch.rand(8, dtype=dtype) + 0.5
     return x, weight, bias, mean, var
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("training", [True, False], ids=["training", "eval"])
-def test_batch_norm_without_autograd_runs_eagers_composite_on_the_target(placement, training):
+def test_batch_norm_without_autograd_runs_eagers_composite_on_the_target(
+    placement, training, dtype
+):
     """Where autograd records nothing (inference, frozen statistics), F.batch_norm's
     composite runs whole on the target as eager runs it there: cuDNN's one inference
     kernel on a GPU (impl index 1), not native_batch_norm's three. Where relay's memory
     is elsewhere, the composite runs on relay's tensors (native_batch_norm). Either way
     the results, the running statistics it updates included, are eager's on the target."""
-    args = batch_norm_inputs()
+    args = batch_norm_inputs(dtype)
     on_target = [t.to(placement.target) for t in args]
     on_relay = [t.to("relay") for t in args]
     call = torch.ops.aten._batch_norm_impl_index

@@ -179,6 +179,8 @@ def test_inference_op_matches_eager_unboxed_where_relay_memory_is(placement, nam
 ARANGES = [
     ((5,), {}), ((1, 10, 3), {}), ((0.0, 1.0, 0.1), {}), ((2, -7, -2), {}), ((0,), {}),
     ((10,), {"dtype": torch.float16}), ((0, 1, 1 / 3), {"dtype": torch.float64}),
+    ((0, 5, 0.7), {"dtype": torch.int32}),  # sized in double, as the kernels size it
+    ((0.5, 3.7, 1.0), {"dtype": torch.long}),  # int64: the bounds truncated first
 ]  # fmt: skip
 
 

@@ -1,15 +1,13 @@
 // Batch norm on the target as eager runs it there (BatchNormOnTarget): cuDNN's
 // kernels where PyTorch would choose them for CUDA tensors, else the target's
-// native_batch_norm; and eager's composite above it (BatchNormImplIndex). DirectKernel gives these the views of the call's tensors;
-// the boxed fallback runs them through cuda_runner (home memory off the GPU).
+// native_batch_norm; and eager's composite above it (BatchNormImplIndex).
+// DirectKernel gives these the views of the call's tensors; the boxed fallback
+// runs them through cuda_runner (home memory off the GPU).
 #include <torch_fallback/detail/direct_kernel.h>
 
 #include "decompositions.h"
 
 #include <atomic>
-#include <memory>
-#include <mutex>
-#include <vector>
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/native/Normalization.h>
@@ -116,17 +114,10 @@ BatchNormImplIndex::Result BatchNormImplIndex::autograd(
 }
 
 void BatchNormImplIndex::register_autograd(c10::DeviceType device_type) {
-  const auto backend = c10::toBackendComponent(
-      c10::computeDispatchKey(std::nullopt, c10::kStrided, c10::Device(device_type)));
-  const c10::DispatchKey key = c10::getAutogradKeyFromBackend(backend);
-  static std::mutex libraries_mutex;
-  static std::vector<std::unique_ptr<torch::Library>> libraries;
-  const std::lock_guard<std::mutex> lock(libraries_mutex);
   const auto op = c10::Dispatcher::singleton().findOp({"aten::_batch_norm_impl_index", ""});
-  if (op && op->hasKernelForDispatchKey(key)) return;  // the backend's own
-  auto& library = libraries.emplace_back(
-      std::make_unique<torch::Library>(torch::Library::IMPL, "aten", key, __FILE__, __LINE__));
-  library->impl("_batch_norm_impl_index", TORCH_FN(autograd));
+  if (op && op->hasKernelForDispatchKey(autograd_key(device_type))) return;  // the backend's own
+  register_autograd_kernel(device_type, "_batch_norm_impl_index",
+                           torch::CppFunction(TORCH_FN(autograd)));
 }
 
 }  // namespace torch_fallback::detail

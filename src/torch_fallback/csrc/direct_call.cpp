@@ -7,6 +7,7 @@
 #include "metrics.h"
 
 #include <cmath>
+#include <limits>
 
 namespace torch_fallback {
 namespace detail {
@@ -292,7 +293,8 @@ int64_t arange_size(const c10::Scalar& start, const c10::Scalar& end, const c10:
     return -1;
   }
   const double size = std::ceil((last - first) / by);
-  return size >= 0 && size < 9.0e18 ? static_cast<int64_t>(size) : -1;
+  const bool fits = size >= 0 && size <= static_cast<double>(std::numeric_limits<int64_t>::max());
+  return fits ? static_cast<int64_t>(size) : -1;
 }
 
 }  // namespace detail

@@ -250,17 +250,26 @@ void register_device_moves(c10::DeviceType device_type) {
   // The autograd key is where the composite kernel would run: a kernel there
   // is reached only by calls that have a tensor of this device among their
   // arguments, so CPU and CUDA tensors keep PyTorch's answer.
-  const auto backend = c10::toBackendComponent(
-      c10::computeDispatchKey(std::nullopt, c10::kStrided, c10::Device(device_type)));
+  detail::register_autograd_kernel(device_type, "_has_compatible_shallow_copy_type",
+                                   torch::CppFunction(TORCH_FN(has_compatible_shallow_copy_type)));
+}
+
+namespace detail {
+
+c10::DispatchKey autograd_key(c10::DeviceType device_type) {
+  return c10::getAutogradKeyFromBackend(c10::toBackendComponent(
+      c10::computeDispatchKey(std::nullopt, c10::kStrided, c10::Device(device_type))));
+}
+
+void register_autograd_kernel(c10::DeviceType device_type, const char* name,
+                              torch::CppFunction kernel) {
   static std::mutex libraries_mutex;
   static std::vector<std::unique_ptr<torch::Library>> libraries;
   const std::lock_guard<std::mutex> lock(libraries_mutex);
   auto& library = libraries.emplace_back(std::make_unique<torch::Library>(
-      torch::Library::IMPL, "aten", c10::getAutogradKeyFromBackend(backend), __FILE__, __LINE__));
-  library->impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
+      torch::Library::IMPL, "aten", autograd_key(device_type), __FILE__, __LINE__));
+  library->impl(name, std::move(kernel));
 }
-
-namespace detail {
 
 bool has_kernel(const std::string& name, c10::DeviceType device_type) {
   const auto dot = name.find('.');

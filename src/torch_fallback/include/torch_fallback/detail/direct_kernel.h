@@ -128,6 +128,11 @@ TORCH_FALLBACK_API void register_math_bit_fallthroughs();
 // Whether `aten::<name>` ("op" or "op.overload") has a kernel of its own for the
 // dispatch key of `device_type`.
 TORCH_FALLBACK_API bool has_kernel(const std::string& name, c10::DeviceType device_type);
+// The autograd key of `device_type`'s backend, and `kernel` registered there for
+// `aten::<name>` (the library that holds it lives as long as the process).
+TORCH_FALLBACK_API c10::DispatchKey autograd_key(c10::DeviceType device_type);
+TORCH_FALLBACK_API void register_autograd_kernel(c10::DeviceType device_type, const char* name,
+                                                 torch::CppFunction kernel);
 // scaled_dot_product_attention on PrivateUse1 tensors runs the fused attention
 // kernel the fallback's target would choose, not the math path. A backend with
 // its own choice sets _fused_sdp_choice_stub after register_kernels.
