@@ -179,9 +179,11 @@ def test_inference_op_matches_eager_unboxed_where_relay_memory_is(placement, nam
 ARANGES = [
     ((5,), {}), ((1, 10, 3), {}), ((0.0, 1.0, 0.1), {}), ((2, -7, -2), {}), ((0,), {}),
     ((10,), {"dtype": torch.float16}), ((0, 1, 1 / 3), {"dtype": torch.float64}),
-    ((0, 5, 0.7), {"dtype": torch.int32}),  # sized in double, as the kernels size it
-    ((0.5, 3.7, 1.0), {"dtype": torch.long}),  # int64: the bounds truncated first
 ]  # fmt: skip
+# Fractional bounds or steps with an integer dtype: the size rule arange_size follows may
+# differ from a torch version's kernel there; the call is then served boxed, so only the
+# results are checked.
+INTEGER_ARANGES = [((0, 5, 0.7), {"dtype": torch.int32}), ((0.5, 3.7, 1.0), {"dtype": torch.long})]
 
 
 def test_arange_matches_eager_unboxed_where_relay_memory_is(placement):
@@ -191,6 +193,8 @@ def test_arange_matches_eager_unboxed_where_relay_memory_is(placement):
     expected = len(ARANGES) if served_unboxed(placement) else 0
     assert unboxed("aten::arange.start_out") == expected
     assert torch_fallback.metrics()["aten::arange.start_out"].calls == len(ARANGES)
+    for args, kwargs in INTEGER_ARANGES:
+        assert_same(torch.arange(*args, device="relay", **kwargs), torch.arange(*args, **kwargs))
 
 
 def test_arange_into_an_output_keeps_eagers_rules(placement):
