@@ -180,9 +180,8 @@ ARANGES = [
     ((5,), {}), ((1, 10, 3), {}), ((0.0, 1.0, 0.1), {}), ((2, -7, -2), {}), ((0,), {}),
     ((10,), {"dtype": torch.float16}), ((0, 1, 1 / 3), {"dtype": torch.float64}),
 ]  # fmt: skip
-# Fractional bounds or steps with an integer dtype: the size rule arange_size follows may
-# differ from a torch version's kernel there; the call is then served boxed, so only the
-# results are checked.
+# Fractional bounds or steps with an integer dtype: torch releases size these differently
+# (some truncate the bounds first), so the fallback leaves them to the boxed path.
 INTEGER_ARANGES = [((0, 5, 0.7), {"dtype": torch.int32}), ((0.5, 3.7, 1.0), {"dtype": torch.long})]
 
 
@@ -195,6 +194,9 @@ def test_arange_matches_eager_unboxed_where_relay_memory_is(placement):
     assert torch_fallback.metrics()["aten::arange.start_out"].calls == len(ARANGES)
     for args, kwargs in INTEGER_ARANGES:
         assert_same(torch.arange(*args, device="relay", **kwargs), torch.arange(*args, **kwargs))
+    assert unboxed("aten::arange.start_out") == expected  # served boxed, each in one call
+    all_calls = len(ARANGES) + len(INTEGER_ARANGES)
+    assert torch_fallback.metrics()["aten::arange.start_out"].calls == all_calls
 
 
 def test_arange_into_an_output_keeps_eagers_rules(placement):

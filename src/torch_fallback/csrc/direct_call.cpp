@@ -273,8 +273,19 @@ void DirectCall::add_context(c10::Error& error) const {
 
 int64_t arange_size(const c10::Scalar& start, const c10::Scalar& end, const c10::Scalar& step,
                     c10::ScalarType dtype) {
-  // The CPU and CUDA kernels' size (arange_out): in int64 for int64 (the bounds
-  // truncated, as the kernels take them), else in double. -1 where the kernels refuse.
+  // The CPU and CUDA kernels' size (arange_out): in int64 for int64, else in
+  // double. -1 where the kernels refuse, and where torch releases size a range
+  // differently: fractional bounds or steps with an integer dtype, which some
+  // truncate before checking and sizing and others do not.
+  const auto whole = [](const c10::Scalar& value) {
+    return value.isIntegral(/*includeBool=*/false) ||
+           (value.isFloatingPoint() && std::trunc(value.to<double>()) == value.to<double>());
+  };
+  if (start.isComplex() || end.isComplex() || step.isComplex()) return -1;
+  if (c10::isIntegralType(dtype, /*includeBool=*/false) &&
+      !(whole(start) && whole(end) && whole(step))) {
+    return -1;
+  }
   if (dtype == c10::kLong) {
     const int64_t first = start.to<int64_t>();
     const int64_t last = end.to<int64_t>();
