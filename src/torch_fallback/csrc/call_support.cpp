@@ -203,7 +203,7 @@ void copy_between(const BackendAdapter& backend, const at::Tensor& src, const at
 namespace detail {
 
 CallRecord::CallRecord(const OpRules& rules, bool unboxed)
-    : rules_(rules), unboxed_(unboxed), start_(Clock::now()) {}
+    : rules_(rules), unboxed_(unboxed), start_ticks_(metrics::ticks()) {}
 
 void CallRecord::enter(c10::Device target) {
   on_cuda_ = target.is_cuda();
@@ -217,8 +217,9 @@ void CallRecord::record(bool failed) const {
   call.failed = failed;
   call.bytes_to_target = bytes_to_target_;
   call.bytes_from_target = bytes_from_target_;
-  call.time_ns = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start_).count());
+  const uint64_t end_ticks = metrics::ticks();
+  // A thread moved to a core whose counter lags would read a negative duration.
+  call.ticks = end_ticks > start_ticks_ ? end_ticks - start_ticks_ : 0;
   metrics::record(*rules_.counters, call);
 }
 

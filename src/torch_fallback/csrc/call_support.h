@@ -19,15 +19,27 @@
 
 namespace torch_fallback {
 
-using Clock = std::chrono::steady_clock;
-
 inline uint64_t nbytes(const at::Tensor& tensor) {
   return static_cast<uint64_t>(tensor.numel()) * tensor.element_size();
 }
 
+// Element by element: a tensor has a few dimensions, fewer than a call to memcmp
+// (IntArrayRef's ==) is worth.
+inline bool same_values(c10::IntArrayRef a, c10::IntArrayRef b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] != b[i]) return false;
+  }
+  return true;
+}
+
+inline bool same_geometry(const c10::TensorImpl& a, const c10::TensorImpl& b) {
+  return a.storage_offset() == b.storage_offset() && same_values(a.sizes(), b.sizes()) &&
+         same_values(a.strides(), b.strides());
+}
+
 inline bool same_geometry(const at::Tensor& a, const at::Tensor& b) {
-  return a.sizes() == b.sizes() && a.strides() == b.strides() &&
-         a.storage_offset() == b.storage_offset();
+  return same_geometry(*a.unsafeGetTensorImpl(), *b.unsafeGetTensorImpl());
 }
 
 // Bytes [first, end) of a storage that `tensor` may touch.
@@ -38,8 +50,7 @@ std::pair<int64_t, int64_t> byte_extent(const at::Tensor& tensor);
 inline void take_geometry(c10::TensorImpl* impl, const at::Tensor& like) {
   // A TensorImpl from the pool often has it already (ops of one shape come in a
   // row); its contiguity flags then still hold and need no recomputing.
-  if (impl->storage_offset() != like.storage_offset() || impl->sizes() != like.sizes() ||
-      impl->strides() != like.strides()) {
+  if (!same_geometry(*impl, *like.unsafeGetTensorImpl())) {
     impl->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
   }
   impl->_set_conj(like.is_conj());

@@ -16,7 +16,11 @@ bool built() {
 }
 
 c10::DeviceIndex device_count() {
-  return built() ? c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->deviceCount() : 0;
+  // Fixed for the process (c10::cuda::device_count() caches it too); every call
+  // on a GPU target asks it.
+  static const c10::DeviceIndex count =
+      built() ? c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->deviceCount() : 0;
+  return count;
 }
 
 void check_usable(const char* purpose, const std::string& op) {

@@ -1,8 +1,14 @@
 #include "metrics.h"
 
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <x86intrin.h>
+#endif
 
 namespace torch_fallback::metrics {
 namespace {
@@ -12,7 +18,50 @@ std::unordered_map<std::string, std::unique_ptr<Counters>> g_counters;
 
 constexpr auto kRelaxed = std::memory_order_relaxed;
 
+uint64_t steady_ns() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+bool invariant_tsc() {
+#if defined(__x86_64__)
+  unsigned int eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid_max(0x80000000U, nullptr) < 0x80000007U) return false;
+  __cpuid(0x80000007U, eax, ebx, ecx, edx);
+  return (edx & (1U << 8)) != 0;  // CPUID.80000007H:EDX[8], "TscInvariant"
+#else
+  return false;
+#endif
+}
+
+const bool g_use_tsc = invariant_tsc();
+
+uint64_t read_ticks() {
+#if defined(__x86_64__)
+  if (g_use_tsc) return __rdtsc();
+#endif
+  return steady_ns();
+}
+
+// Where ticks and nanoseconds were when the library loaded: the ratio of both
+// since then converts ticks, measured over the process's life so far.
+struct Origin {
+  uint64_t ticks;
+  uint64_t ns;
+};
+const Origin g_origin{read_ticks(), steady_ns()};
+
+double ns_per_tick() {
+  if (!g_use_tsc) return 1.0;
+  const uint64_t ns = steady_ns() - g_origin.ns;
+  const uint64_t ticks = read_ticks() - g_origin.ticks;
+  return ticks == 0 ? 1.0 : static_cast<double>(ns) / static_cast<double>(ticks);
+}
+
 }  // namespace
+
+uint64_t ticks() { return read_ticks(); }
 
 Counters* counters_for(const std::string& op) {
   std::lock_guard<std::mutex> lock(g_mutex);
@@ -25,7 +74,7 @@ void record(Counters& counters, const Call& call) {
   (call.on_cuda ? counters.calls_cuda : counters.calls_cpu).fetch_add(1, kRelaxed);
   if (call.failed) counters.errors.fetch_add(1, kRelaxed);
   if (call.unboxed) counters.calls_unboxed.fetch_add(1, kRelaxed);
-  counters.time_ns.fetch_add(call.time_ns, kRelaxed);
+  counters.ticks.fetch_add(call.ticks, kRelaxed);
   if (call.bytes_to_target != 0) counters.bytes_to_target.fetch_add(call.bytes_to_target, kRelaxed);
   if (call.bytes_from_target != 0) {
     counters.bytes_from_target.fetch_add(call.bytes_from_target, kRelaxed);
@@ -33,11 +82,13 @@ void record(Counters& counters, const Call& call) {
 }
 
 std::map<std::string, OpStats> snapshot() {
+  const double tick_ns = ns_per_tick();
   std::lock_guard<std::mutex> lock(g_mutex);
   std::map<std::string, OpStats> result;
   for (const auto& [op, c] : g_counters) {
+    const auto time_ns = static_cast<uint64_t>(static_cast<double>(c->ticks.load(kRelaxed)) * tick_ns);
     OpStats stats{c->calls_cpu.load(kRelaxed),       c->calls_cuda.load(kRelaxed),
-                  c->errors.load(kRelaxed),          c->time_ns.load(kRelaxed),
+                  c->errors.load(kRelaxed),          time_ns,
                   c->bytes_to_target.load(kRelaxed), c->bytes_from_target.load(kRelaxed),
                   c->calls_unboxed.load(kRelaxed)};
     if (stats.calls_cpu + stats.calls_cuda > 0) result.emplace(op, stats);
@@ -48,7 +99,7 @@ std::map<std::string, OpStats> snapshot() {
 void reset() {
   std::lock_guard<std::mutex> lock(g_mutex);
   for (auto& [op, c] : g_counters) {
-    for (auto* counter : {&c->calls_cpu, &c->calls_cuda, &c->errors, &c->time_ns,
+    for (auto* counter : {&c->calls_cpu, &c->calls_cuda, &c->errors, &c->ticks,
                           &c->bytes_to_target, &c->bytes_from_target, &c->calls_unboxed}) {
       counter->store(0, kRelaxed);
     }

@@ -112,7 +112,6 @@
 #include <c10/util/SmallVector.h>
 
 #include <array>
-#include <chrono>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -214,7 +213,7 @@ class TORCH_FALLBACK_API CallRecord {
  private:
   const OpRules& rules_;
   const bool unboxed_;
-  const std::chrono::steady_clock::time_point start_;
+  const uint64_t start_ticks_;  // metrics::ticks()
   bool on_cuda_ = false;
   uint64_t bytes_to_target_ = 0;
   uint64_t bytes_from_target_ = 0;
