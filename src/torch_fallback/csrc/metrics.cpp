@@ -71,9 +71,12 @@ Counters* counters_for(const std::string& op) {
 }
 
 void record(Counters& counters, const Call& call) {
-  (call.on_cuda ? counters.calls_cuda : counters.calls_cpu).fetch_add(1, kRelaxed);
+  if (call.unboxed) {
+    (call.on_cuda ? counters.unboxed_cuda : counters.unboxed_cpu).fetch_add(1, kRelaxed);
+  } else {
+    (call.on_cuda ? counters.boxed_cuda : counters.boxed_cpu).fetch_add(1, kRelaxed);
+  }
   if (call.failed) counters.errors.fetch_add(1, kRelaxed);
-  if (call.unboxed) counters.calls_unboxed.fetch_add(1, kRelaxed);
   counters.ticks.fetch_add(call.ticks, kRelaxed);
   if (call.bytes_to_target != 0) counters.bytes_to_target.fetch_add(call.bytes_to_target, kRelaxed);
   if (call.bytes_from_target != 0) {
@@ -87,10 +90,15 @@ std::map<std::string, OpStats> snapshot() {
   std::map<std::string, OpStats> result;
   for (const auto& [op, c] : g_counters) {
     const auto time_ns = static_cast<uint64_t>(static_cast<double>(c->ticks.load(kRelaxed)) * tick_ns);
-    OpStats stats{c->calls_cpu.load(kRelaxed),       c->calls_cuda.load(kRelaxed),
-                  c->errors.load(kRelaxed),          time_ns,
-                  c->bytes_to_target.load(kRelaxed), c->bytes_from_target.load(kRelaxed),
-                  c->calls_unboxed.load(kRelaxed)};
+    const uint64_t unboxed_cpu = c->unboxed_cpu.load(kRelaxed);
+    const uint64_t unboxed_cuda = c->unboxed_cuda.load(kRelaxed);
+    OpStats stats{c->boxed_cpu.load(kRelaxed) + unboxed_cpu,
+                  c->boxed_cuda.load(kRelaxed) + unboxed_cuda,
+                  c->errors.load(kRelaxed),
+                  time_ns,
+                  c->bytes_to_target.load(kRelaxed),
+                  c->bytes_from_target.load(kRelaxed),
+                  unboxed_cpu + unboxed_cuda};
     if (stats.calls_cpu + stats.calls_cuda > 0) result.emplace(op, stats);
   }
   return result;
@@ -99,8 +107,8 @@ std::map<std::string, OpStats> snapshot() {
 void reset() {
   std::lock_guard<std::mutex> lock(g_mutex);
   for (auto& [op, c] : g_counters) {
-    for (auto* counter : {&c->calls_cpu, &c->calls_cuda, &c->errors, &c->ticks,
-                          &c->bytes_to_target, &c->bytes_from_target, &c->calls_unboxed}) {
+    for (auto* counter : {&c->boxed_cpu, &c->boxed_cuda, &c->unboxed_cpu, &c->unboxed_cuda,
+                          &c->errors, &c->ticks, &c->bytes_to_target, &c->bytes_from_target}) {
       counter->store(0, kRelaxed);
     }
   }

@@ -34,15 +34,17 @@ struct Call {
   uint64_t bytes_from_target = 0;
 };
 
-// The live counters of one op.
+// The live counters of one op. Boxed and unboxed calls are counted apart, so
+// that an unboxed call, the common one, updates two counters: its calls and ticks.
 struct Counters {
-  std::atomic<uint64_t> calls_cpu{0};
-  std::atomic<uint64_t> calls_cuda{0};
+  std::atomic<uint64_t> boxed_cpu{0};
+  std::atomic<uint64_t> boxed_cuda{0};
+  std::atomic<uint64_t> unboxed_cpu{0};
+  std::atomic<uint64_t> unboxed_cuda{0};
   std::atomic<uint64_t> errors{0};
   std::atomic<uint64_t> ticks{0};
   std::atomic<uint64_t> bytes_to_target{0};
   std::atomic<uint64_t> bytes_from_target{0};
-  std::atomic<uint64_t> calls_unboxed{0};
 };
 
 // The counters of `op` ("aten::add.Tensor"); the pointer stays valid for the process.
