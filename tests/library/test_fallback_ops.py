@@ -220,10 +220,10 @@ def test_host_memory_is_page_locked_while_ops_run_on_a_gpu(placement):
     torch.testing.assert_close(y.cpu() + 2, x.cpu() * 2)
 
 
-def test_item_runs_on_the_cpu_whatever_the_target(placement):
+def test_item_reads_on_relay_home_whatever_the_target(placement):
     x = torch.tensor([1.5, 2.5, -1.0])
     assert relay(x).sum().item() == pytest.approx(3.0)
-    assert_fell_back("aten::_local_scalar_dense", "cpu")
+    assert_fell_back("aten::_local_scalar_dense", placement.home)
     assert_fell_back("aten::sum.dim_IntList", placement.target)
 
 

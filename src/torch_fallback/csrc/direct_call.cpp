@@ -109,7 +109,10 @@ void DirectCall::offer(std::optional<c10::ScalarType> dtype) {
 bool DirectCall::start() {
   if (!usable_ || !rules_.runs_direct || !home_) return false;
   const c10::DeviceIndex index = backend_device_index(backend_, index_);
-  if (wanted_target(rules_, /*nested=*/false) == Target::Cuda) {
+  const bool on_home = rules_.reads_on_home && !rules_.forced_to_cpu();
+  const Target wanted = on_home ? (home_->is_cuda() ? Target::Cuda : Target::Cpu)
+                                : wanted_target(rules_, /*nested=*/false);
+  if (wanted == Target::Cuda) {
     if (!rules_.has_cuda_kernel || index >= cuda::device_count()) return false;
     cuda::check_usable("the CUDA fallback target", rules_.full_name);
     target_ = c10::Device(c10::kCUDA, index);
@@ -117,7 +120,8 @@ bool DirectCall::start() {
   } else if (!rules_.has_cpu_kernel) {
     return false;
   }
-  if (*home_ != target_ || backend_.output_home(index) != target_) return false;
+  // item()'s number needs no home for results.
+  if (*home_ != target_ || (!on_home && backend_.output_home(index) != target_)) return false;
   index_ = index;
   pool_ = TargetImplPool::for_this_call();
   views_.reserve(tensors_);

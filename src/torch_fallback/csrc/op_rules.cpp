@@ -109,6 +109,7 @@ std::unique_ptr<OpRules> make_rules(const c10::OperatorHandle& op) {
                        rules->generator_arguments.empty() && rules->layout_arguments.empty() &&
                        !takes_a_device && !rules->returns_a_view &&
                        rules->unservable_result.empty();
+  rules->reads_on_home = rules->full_name == "aten::_local_scalar_dense";
   using c10::DispatchKey;
   rules->has_cpu_kernel = op.hasComputedKernelForDispatchKey(DispatchKey::CPU);
   rules->has_cuda_kernel = op.hasComputedKernelForDispatchKey(DispatchKey::CUDA);

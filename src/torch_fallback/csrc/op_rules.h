@@ -40,6 +40,11 @@ struct OpRules {
   // no resize, no hidden mutation), takes no generator, device or layout,
   // returns no view, and a backend tensor can hold its results.
   bool runs_direct = false;
+  // The op reads its tensor where the backend keeps it, whatever the target:
+  // item() (_local_scalar_dense), whose result is a host number. On a GPU home
+  // that is eager's read (a copy to page-locked memory, then a wait on the
+  // stream); the CPU op list still sends it to the CPU.
+  bool reads_on_home = false;
   // Kernels for the targets, dense and nested (computed: composites count).
   bool has_cpu_kernel = false;
   bool has_cuda_kernel = false;

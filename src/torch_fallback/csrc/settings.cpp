@@ -15,7 +15,7 @@ std::atomic<CudaSync> g_cuda_sync{CudaSync::Stream};
 
 std::mutex g_cpu_ops_mutex;
 std::atomic<uint64_t> g_cpu_ops_generation{1};
-std::set<std::string> g_cpu_ops{"aten::_local_scalar_dense"};
+std::set<std::string> g_cpu_ops;
 
 bool valid_op_name(const std::string& name) {
   const auto sep = name.find("::");
