@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,23 @@ def test_eight_threads_get_eager_results_and_exact_metrics():
     metrics = torch_fallback.metrics()
     for op in ("aten::nonzero", "aten::sort.stable", "aten::cumsum"):
         assert metrics[op].calls == THREADS * ROUNDS, (op, metrics[op])
+
+
+def test_metrics_time_is_the_calls_time_in_nanoseconds(fallback_settings):
+    # Calls time themselves in ticks of the CPU's time-stamp counter where it runs at a
+    # constant rate; the metrics convert them. Matrix products on the CPU target spend
+    # nearly all of a loop's time inside the fallback.
+    torch_fallback.set_target("cpu")
+    torch_fallback.relay.set_home("cpu")
+    x = torch.randn(256, 256).to("relay")
+    torch.mm(x, x)
+    torch_fallback.reset_metrics()
+    start = time.perf_counter_ns()
+    for _ in range(20):
+        torch.mm(x, x)
+    wall_ns = time.perf_counter_ns() - start
+    spent_ns = torch_fallback.metrics()["aten::mm"].time_ns
+    assert 0.5 * wall_ns < spent_ns <= wall_ns, (spent_ns, wall_ns)
 
 
 @pytest.mark.requires_cuda
