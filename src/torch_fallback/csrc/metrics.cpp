@@ -89,7 +89,8 @@ std::map<std::string, OpStats> snapshot() {
   std::lock_guard<std::mutex> lock(g_mutex);
   std::map<std::string, OpStats> result;
   for (const auto& [op, c] : g_counters) {
-    const auto time_ns = static_cast<uint64_t>(static_cast<double>(c->ticks.load(kRelaxed)) * tick_ns);
+    const auto counted_ticks = static_cast<double>(c->ticks.load(kRelaxed));
+    const auto time_ns = static_cast<uint64_t>(counted_ticks * tick_ns);
     const uint64_t unboxed_cpu = c->unboxed_cpu.load(kRelaxed);
     const uint64_t unboxed_cuda = c->unboxed_cuda.load(kRelaxed);
     OpStats stats{c->boxed_cpu.load(kRelaxed) + unboxed_cpu,

@@ -170,14 +170,16 @@ std::string home_name(Home home) { return home == Home::Host ? "cpu" : "cuda"; }
 c10::Allocator* allocator() { return &g_allocator; }
 
 Home home_of(const c10::Storage& storage) {
-  if (c10::impl::cow::is_cow_data_ptr(storage.data_ptr())) {
+  // Every op asks this of each relay tensor: relay's own memory, the common case,
+  // is told by its deleter first (a lazy clone's deleter is another).
+  const c10::StorageImpl* home = home_impl_of(storage);
+  if (home == nullptr && c10::impl::cow::is_cow_data_ptr(storage.data_ptr())) {
     // A lazy clone (torch._lazy_clone) shares its source's memory until it is
     // written; give it its own memory, so that it has a home of its own.
     storage.unsafeGetStorageImpl()->mutable_data_ptr();
+    home = home_impl_of(storage);
   }
-  if (const c10::StorageImpl* home = home_impl_of(storage)) {
-    return home->device().is_cuda() ? Home::Cuda : Home::Host;
-  }
+  if (home != nullptr) return home->device().is_cuda() ? Home::Cuda : Home::Host;
   // Memory relay did not allocate: a relay tensor made with from_blob (as
   // torch.save does to copy a storage to the host). The pointer tells.
   return device_of_pointer(storage.data()).is_cuda() ? Home::Cuda : Home::Host;
