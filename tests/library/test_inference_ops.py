@@ -216,14 +216,26 @@ def test_arange_into_an_output_keeps_eagers_rules(placement):
         torch.arange(0, 10, 0, device="relay")
 
 
+ITEM_DTYPES = [
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+    torch.uint8, torch.bool, torch.complex64,
+]  # fmt: skip
+
+
 def test_item_reads_where_relay_memory_is(placement):
     """item() (_local_scalar_dense) reads the element on relay's home, whatever the
     target: unboxed, with no copy of the tensor (on a GPU, eager's read there)."""
     x = torch.tensor([2.5, -1.0]).to("relay")
     assert x[0].item() == 2.5 and (x < 0).any().item() is True
+    for dtype in ITEM_DTYPES:
+        values = torch.tensor([3.0, 1.0, 0.0]).to(dtype)
+        got = values.to("relay")[1].item()  # an element off the storage's start
+        assert got == values[1].item() and type(got) is type(values[1].item()), dtype
+    reads = 2 + len(ITEM_DTYPES)
     stats = torch_fallback.metrics()["aten::_local_scalar_dense"]
-    assert stats.calls_unboxed == 2 and stats.bytes_to_target == 0
-    assert (stats.calls_cpu, stats.calls_cuda) == ((2, 0) if placement.home == "cpu" else (0, 2))
+    assert stats.calls_unboxed == reads and stats.bytes_to_target == 0
+    on_cpu = placement.home == "cpu"
+    assert (stats.calls_cpu, stats.calls_cuda) == ((reads, 0) if on_cpu else (0, reads))
 
 
 def test_item_on_the_cpu_op_list_reads_a_copy_on_the_cpu(placement):

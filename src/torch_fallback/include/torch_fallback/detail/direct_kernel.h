@@ -115,6 +115,7 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace torch_fallback {
 
@@ -451,10 +452,14 @@ struct ArangeKernel {
                           const c10::Scalar& step, at::Tensor& out) {
     const int64_t size = arange_size(start, end, step, out.scalar_type());
     if (size >= 0 && (out.numel() == size || out.numel() == 0)) {
+      const std::vector<int64_t> given = out.sizes().vec();
       if (out.numel() != size) out.resize_({size});
       try {
         return DirectKernel<Adapter, at::_ops::arange_start_out>::call(start, end, step, out);
-      } catch (const c10::Error&) {  // the target sized it otherwise: served boxed below
+      } catch (const c10::Error&) {
+        // The target sized it otherwise: served boxed below, from the output as it
+        // came, so that the kernel resizes an empty one without a warning, as eager's.
+        out.resize_(given);
       }
     }
     static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(
