@@ -299,3 +299,36 @@ def test_target_tensors_carry_nothing_from_one_call_to_the_next(placement):
             assert actual.dtype == expected.dtype and actual.shape == expected.shape
             resolved = actual.resolve_conj().resolve_neg()
             assert_matches(resolved, expected.resolve_conj().resolve_neg())
+
+
+def test_results_keep_the_layout_eager_gives_them_from_call_to_call(placement):
+    # An op lays its result out by its inputs' strides and memory-format flags:
+    # a target tensor set up anew for each call must carry those of the tensor
+    # it views, whatever the tensor it viewed before (shapes change from call to
+    # call in a decode loop).
+    base = torch.randn(2, 3, 4, 5)
+    layouts = [
+        lambda t: t,
+        lambda t: t.contiguous(memory_format=torch.channels_last),
+        lambda t: t.transpose(1, 3),
+        lambda t: t[:, 1:, :, ::2],
+        lambda t: t[:1].expand(4, 3, 4, 5),
+        lambda t: t[1, 2],
+        lambda t: t[:, :, :0],
+        lambda t: t.permute(0, 2, 3, 1)[:, :, :3].contiguous().permute(0, 3, 1, 2),
+        lambda t: t.reshape(6, 20)[:, : t.shape[-1]],
+        lambda t: t[0, 0, 0, 0],
+    ]
+    on_relay = relay(base)
+    for layout in [*layouts, *reversed(layouts), *layouts[::2], *layouts[1::2]]:
+        for op in (lambda t: t.mul(2), lambda t: torch.add(t, t, alpha=3)):
+            expected = op(layout(base))
+            actual = op(layout(on_relay))
+            assert actual.stride() == expected.stride()
+            for memory_format in (torch.contiguous_format, torch.channels_last):
+                if expected.dim() == 4 or memory_format == torch.contiguous_format:
+                    assert actual.is_contiguous(memory_format=memory_format) == (
+                        expected.is_contiguous(memory_format=memory_format)
+                    )
+            assert_matches(actual, expected)
+    assert_fell_back("aten::mul.Tensor", placement.target)

@@ -156,7 +156,7 @@ bool targets_cuda() {
 
 at::Tensor backend_tensor_over(c10::Storage storage, const at::Tensor& home_tensor) {
   const c10::Device device = storage.device();
-  if (is_plain_and_unshared(home_tensor) && !c10::impl::TorchDispatchModeTLS::any_modes_set()) {
+  if (is_plain_and_unshared(home_tensor) && !python_modes_may_be_set()) {
     c10::TensorImpl* impl = home_tensor.unsafeGetTensorImpl();
     impl->set_storage_keep_dtype(std::move(storage));
     impl->_change_backend_component_keys(device);

@@ -5,7 +5,7 @@
 // call to the next, and the rules for choosing a target.
 #include <torch_fallback/detail/direct_kernel.h>
 
-#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <mutex>
 #include <optional>
@@ -45,13 +45,41 @@ inline bool same_geometry(const at::Tensor& a, const at::Tensor& b) {
 // Bytes [first, end) of a storage that `tensor` may touch.
 std::pair<int64_t, int64_t> byte_extent(const at::Tensor& tensor);
 
+// TensorImpl's protected members that setting up a view reads: a view takes
+// its tensor's geometry with the contiguity already computed for it, where
+// set_sizes_and_strides would compute it again (the larger part of a view's
+// cost in a decode loop, whose shapes change from call to call).
+struct TensorImplAccess : c10::TensorImpl {
+  // Sizes, strides, offset, dtype and their computed flags; the device and the
+  // dispatch keys stay `to`'s. Only between impls with neither ExtraMeta (names,
+  // symbolic shapes, backend meta), which the copy would carry over, nor sizes
+  // of their own (a subclass's policy).
+  static bool copies_geometry(const c10::TensorImpl& from, const c10::TensorImpl& to) {
+    return from.*(&TensorImplAccess::extra_meta_) == nullptr &&
+           to.*(&TensorImplAccess::extra_meta_) == nullptr &&
+           !(from.*(&TensorImplAccess::matches_policy))(SizesStridesPolicy::CustomStrides);
+  }
+  static void copy_geometry(const c10::TensorImpl& from, c10::TensorImpl* to) {
+    const std::optional<c10::Device> device = to->*(&TensorImplAccess::device_opt_);
+    copy_generic_tensor_metadata(&from, to);
+    to->*(&TensorImplAccess::device_opt_) = device;
+    // Not every torch release's copy carries the element count.
+    to->*(&TensorImplAccess::numel_) = from.*(&TensorImplAccess::numel_);
+  }
+};
+
 // Gives `impl` the geometry of `like`; lazy conjugation and negation travel as
 // bits, not data.
 inline void take_geometry(c10::TensorImpl* impl, const at::Tensor& like) {
   // A TensorImpl from the pool often has it already (ops of one shape come in a
-  // row); its contiguity flags then still hold and need no recomputing.
-  if (!same_geometry(*impl, *like.unsafeGetTensorImpl())) {
-    impl->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+  // row); its contiguity flags then still hold.
+  const c10::TensorImpl& from = *like.unsafeGetTensorImpl();
+  if (!same_geometry(*impl, from)) {
+    if (TensorImplAccess::copies_geometry(from, *impl)) {
+      TensorImplAccess::copy_geometry(from, impl);
+    } else {
+      impl->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+    }
   }
   impl->_set_conj(like.is_conj());
   impl->_set_neg(like.is_neg());
@@ -120,6 +148,14 @@ inline c10::DispatchKeySet plain_keys(bool cuda) {
   return cuda ? on_cuda : cpu;
 }
 
+// Whether a Python dispatch mode may see the tensors of this call. Every
+// TorchDispatchMode pushed includes the Python key in this thread's dispatch
+// keys while any is set: a cheaper test than asking the mode stack, and never
+// false where that would say true.
+inline bool python_modes_may_be_set() {
+  return c10::impl::tls_local_dispatch_key_set().included_.has(c10::DispatchKey::Python);
+}
+
 // Whether `tensor` is a plain CPU or CUDA TensorImpl that nothing else holds and
 // no kernel gave state a fresh one lacks: one the fallback may set up anew.
 inline bool is_plain_and_unshared(const at::Tensor& tensor) {
@@ -146,7 +182,7 @@ class TargetImplPool {
   // This thread's pool, or none where target tensors must be made as usual:
   // inference tensors, and tensors Python dispatch modes may keep.
   static TargetImplPool* for_this_call() {
-    if (c10::InferenceMode::is_enabled() || c10::impl::TorchDispatchModeTLS::any_modes_set()) {
+    if (c10::InferenceMode::is_enabled() || python_modes_may_be_set()) {
       return nullptr;
     }
     thread_local TargetImplPool pool;
