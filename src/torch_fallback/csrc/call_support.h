@@ -45,26 +45,50 @@ inline bool same_geometry(const at::Tensor& a, const at::Tensor& b) {
 // Bytes [first, end) of a storage that `tensor` may touch.
 std::pair<int64_t, int64_t> byte_extent(const at::Tensor& tensor);
 
-// TensorImpl's protected members that setting up a view reads: a view takes
-// its tensor's geometry with the contiguity already computed for it, where
-// set_sizes_and_strides would compute it again (the larger part of a view's
-// cost in a decode loop, whose shapes change from call to call).
+// TensorImpl's protected members that setting up a view reads and writes. A
+// view takes its tensor's geometry with the contiguity already computed for
+// it, where set_sizes_and_strides would compute it again (the larger part of a
+// view's cost in a decode loop, whose shapes change from call to call).
 struct TensorImplAccess : c10::TensorImpl {
-  // Sizes, strides, offset, dtype and their computed flags; the device and the
-  // dispatch keys stay `to`'s. Only between impls with neither ExtraMeta (names,
-  // symbolic shapes, backend meta), which the copy would carry over, nor sizes
-  // of their own (a subclass's policy).
-  static bool copies_geometry(const c10::TensorImpl& from, const c10::TensorImpl& to) {
-    return from.*(&TensorImplAccess::extra_meta_) == nullptr &&
-           to.*(&TensorImplAccess::extra_meta_) == nullptr &&
-           !(from.*(&TensorImplAccess::matches_policy))(SizesStridesPolicy::CustomStrides);
+  // Sizes and strides held as plain numbers: no subclass policy, no symbolic
+  // shape, no ExtraMeta (names, backend meta) that a copy would carry over.
+  static bool has_plain_geometry(const c10::TensorImpl& impl) {
+    return impl.*(&TensorImplAccess::extra_meta_) == nullptr &&
+           !(impl.*(&TensorImplAccess::matches_policy))(SizesStridesPolicy::CustomStrides);
   }
+  // same_geometry, read straight from the members of two plain impls.
+  static bool same_plain_geometry(const c10::TensorImpl& a, const c10::TensorImpl& b) {
+    const c10::impl::SizesAndStrides& x = a.*(&TensorImplAccess::sizes_and_strides_);
+    const c10::impl::SizesAndStrides& y = b.*(&TensorImplAccess::sizes_and_strides_);
+    if (a.*(&TensorImplAccess::storage_offset_) != b.*(&TensorImplAccess::storage_offset_) ||
+        x.size() != y.size()) {
+      return false;
+    }
+    const int64_t* x_sizes = x.sizes_data();
+    const int64_t* y_sizes = y.sizes_data();
+    const int64_t* x_strides = x.strides_data();
+    const int64_t* y_strides = y.strides_data();
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (x_sizes[i] != y_sizes[i] || x_strides[i] != y_strides[i]) return false;
+    }
+    return true;
+  }
+  // Sizes, strides, offset, dtype and their computed flags, between plain
+  // impls; the device and the dispatch keys stay `to`'s.
   static void copy_geometry(const c10::TensorImpl& from, c10::TensorImpl* to) {
     const std::optional<c10::Device> device = to->*(&TensorImplAccess::device_opt_);
     copy_generic_tensor_metadata(&from, to);
     to->*(&TensorImplAccess::device_opt_) = device;
     // Not every torch release's copy carries the element count.
     to->*(&TensorImplAccess::numel_) = from.*(&TensorImplAccess::numel_);
+    // A view is a tensor, never a Python number, whatever it views (as
+    // set_sizes_and_strides leaves it).
+    if (from.is_wrapped_number()) to->set_wrapped_number(false);
+  }
+  // Lets go of `impl`'s storage without giving it another: for an impl that
+  // waits unused until set_storage_and_dtype gives it one.
+  static void drop_storage(c10::TensorImpl* impl) {
+    impl->*(&TensorImplAccess::storage_) = c10::Storage();
   }
 };
 
@@ -74,12 +98,12 @@ inline void take_geometry(c10::TensorImpl* impl, const at::Tensor& like) {
   // A TensorImpl from the pool often has it already (ops of one shape come in a
   // row); its contiguity flags then still hold.
   const c10::TensorImpl& from = *like.unsafeGetTensorImpl();
-  if (!same_geometry(*impl, from)) {
-    if (TensorImplAccess::copies_geometry(from, *impl)) {
+  if (TensorImplAccess::has_plain_geometry(from) && TensorImplAccess::has_plain_geometry(*impl)) {
+    if (!TensorImplAccess::same_plain_geometry(*impl, from)) {
       TensorImplAccess::copy_geometry(from, impl);
-    } else {
-      impl->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
     }
+  } else if (!same_geometry(*impl, from)) {
+    impl->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
   }
   impl->_set_conj(like.is_conj());
   impl->_set_neg(like.is_neg());
@@ -217,7 +241,7 @@ class TargetImplPool {
     const bool cuda = impl->is_cuda();
     auto& parked = cuda ? cuda_ : cpu_;
     if (parked.size() >= kCapacity) return;
-    impl->set_storage_keep_dtype(cuda ? empty_cuda_ : empty_cpu_);  // frees no memory late
+    TensorImplAccess::drop_storage(impl);  // frees no memory late
     parked.push_back(tensor.unsafeReleaseIntrusivePtr());
   }
 
@@ -226,8 +250,6 @@ class TargetImplPool {
 
   std::vector<Impl> cpu_;
   std::vector<Impl> cuda_;
-  c10::Storage empty_cpu_ = empty_storage(c10::Device(c10::kCPU));
-  c10::Storage empty_cuda_ = empty_storage(c10::Device(c10::kCUDA, 0));
 };
 
 // A backend tensor's view on the target, kept with it (as its BackendMeta) from
