@@ -88,6 +88,9 @@ def best_of_rounds(rounds: list[list[dict]]) -> list[dict]:
         for key in ("median_ms", "latency_us", "throughput_us"):
             if key in best:
                 best[key] = min(r[key] for r in rows)
+        if "tokens_per_s" in best:  # the same tokens each round: at the kept median's speed
+            tokens = rows[0]["tokens_per_s"] * rows[0]["median_ms"]
+            best["tokens_per_s"] = tokens / best["median_ms"]
         best["repeats"] = sum(r["repeats"] for r in rows)
         best["rounds"] = len(rows)
         merged.append(best)
