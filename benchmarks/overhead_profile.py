@@ -21,50 +21,52 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import callgrind_runner
 import harness
 from callgrind_costs import component_tree, entered_cost, parse_callgrind
 
 BATCH = 100
-WALK = ["to_target", "move_arguments_to_target", "find_backend_device", "choose_target",
-        "check_tensor_device", "for_each_tensor_argument", "copy_to_target"]  # fmt: skip
 # The call tree of one relay add, outermost first: (key, parent, what, name patterns).
 # A component's inclusive cost is what its functions cost when entered from outside it.
+# relay's add runs through the unboxed kernel (DirectKernel, DirectCall); the boxed
+# path's names (boxed_fallback, FallbackCall) are kept for ops without one.
 COMPONENTS = [
     ("binding", "python", "Python binding (THPVariable_add: parse args, wrap result)",
      [r"^torch::autograd::THPVariable_add\b"]),
-    ("dispatch", "binding", "dispatcher + autograd layer (add_Tensor::call, boxing)",
+    ("dispatch", "binding", "dispatcher + autograd layer (add_Tensor::call)",
      [r"^at::_ops::add_Tensor::call\("]),
-    ("fallback", "dispatch", "fallback itself (boxed_fallback and what it inlines)",
-     [r"torch_fallback::boxed_fallback\(", r"torch_fallback::detail::fallback_kernel<"]),
-    ("inner_dispatch", "fallback", "inner dispatch (callBoxed to the CPU kernel, unboxing)",
-     [r"^c10::Dispatcher::callBoxed", r"^c10::OperatorHandle::callBoxed",
-      r"make_boxed_from_unboxed_functor<.*wrapper_CPU_"]),
+    ("fallback", "dispatch", "fallback kernel (DirectKernel and what it inlines)",
+     [r"torch_fallback::detail::DirectKernel<", r"torch_fallback::boxed_fallback\(",
+      r"torch_fallback::detail::fallback_kernel<"]),
+    ("inner_dispatch", "fallback", "target dispatch (the CPU kernel's unboxed wrapper)",
+     [r"wrap_kernel_functor_unboxed_<.*wrapper_CPU_", r"^c10::Dispatcher::callBoxed",
+      r"^c10::OperatorHandle::callBoxed"]),
     ("kernel", "inner_dispatch", "CPU kernel (TensorIterator, output allocation)",
      [r"^at::\(anonymous namespace\)::wrapper_CPU_"]),
-    ("argument_walk", "fallback", "argument walk (to_target, check_tensor_device)",
-     [rf"FallbackCall::({'|'.join(WALK)})\b"]),
-    ("returns", "fallback", "returns (to_backend, write_back)",
-     [r"FallbackCall::(to_backend|move_returns_to_backend|write_back\w*)\b"]),
-    ("settings_metrics", "fallback", "settings + metrics (op_rules, forced_to_cpu, record)",
+    ("setup", "fallback", "call setup (DirectCall, start: keys, target)",
+     [r"DirectCall::(DirectCall|start)\("]),
+    ("argument_walk", "fallback", "arguments onto the target (offer, pooled target views)",
+     [r"DirectCall::(offer|on_target|view_of|kept_view_of)\(",
+      r"FallbackCall::(to_target|move_arguments_to_target|for_each_tensor_argument)\b"]),
+    ("returns", "fallback", "result adopted by the backend (finish, relay's adopt)",
+     [r"DirectCall::(finish|to_backend)\(", r"FallbackCall::(to_backend|write_back\w*)\b"]),
+    ("settings_metrics", "fallback", "settings + metrics (op_rules, record)",
      [r"^torch_fallback::(metrics::record|op_rules|OpRules::|forced_to_cpu|target\(\)|"
       r"cuda_sync|get_cpu_ops|settings)"]),
-    ("teardown", "fallback", "FallbackCall teardown (~FallbackCall)",
-     [r"FallbackCall::~FallbackCall"]),
+    ("teardown", "fallback", "teardown (~DirectCall: views parked, call recorded)",
+     [r"DirectCall::~DirectCall", r"FallbackCall::~FallbackCall"]),
     ("release", "python", "result release (THPVariable_dealloc, storage deleters)",
      [r"^THPVariable_dealloc\b"]),
 ]  # fmt: skip
 # Cross-cutting: reported inclusive, not part of the tree.
-WRAPPING = [r"^torch_fallback::tensor_over\(", r"^torch_fallback::relay::adopt\(",
-            r"home_storage\(", r"release_adopted", r"release_home_view"]  # fmt: skip
+WRAPPING = [r"^torch_fallback::(tensor_over|backend_tensor_over)\(", r"TargetImplPool::",
+            r"^torch_fallback::relay::adopt\(", r"home_storage\(", r"release_adopted",
+            r"release_home_view"]  # fmt: skip
 VISIBLE_NOTE = "not visible (inlined, or absent)"
 
 
@@ -126,17 +128,13 @@ def callgrind_child(args: argparse.Namespace) -> int:
         torch_fallback.relay.set_home("cpu")
         device = "relay"
     a, b = torch.randn(1024, device=device), torch.randn(1024, device=device)
-    add, workdir = torch.add, Path(args.workdir)
+    add = torch.add
     for _ in range(200):
         add(a, b)
-    print(f"ready {os.getpid()}", flush=True)
-    while not (workdir / "go").exists():
-        time.sleep(0.1)
+    callgrind_runner.ready(args.workdir)
     for _ in range(args.calls):
         add(a, b)
-    (workdir / "done").touch()
-    while not (workdir / "stop").exists():
-        time.sleep(0.1)
+    callgrind_runner.done(args.workdir)
     return 0
 
 
@@ -146,33 +144,8 @@ def run_timing(side: str, args: argparse.Namespace) -> dict:
 
 
 def run_callgrind(side: str, calls: int, workdir: Path) -> Path:
-    out = workdir / f"callgrind.{side}.out"
-    command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--compress-strings=no",
-               "--compress-pos=no", f"--callgrind-out-file={out}", sys.executable, __file__,
-               "--callgrind-child", f"--side={side}", f"--calls={calls}",
-               f"--workdir={workdir}"]  # fmt: skip
-    for marker in ("go", "done", "stop"):
-        (workdir / marker).unlink(missing_ok=True)
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert child.stdout is not None
-    line = child.stdout.readline()
-    if not line.startswith("ready"):
-        child.wait()
-        raise RuntimeError(f"the callgrind {side} child failed before its loop: {line!r}")
-    pid = line.split()[1]
-    control = lambda state: subprocess.run(  # noqa: E731
-        ["callgrind_control", "-i", state, pid], check=True, capture_output=True
-    )
-    control("on")
-    (workdir / "go").touch()
-    while not (workdir / "done").exists():
-        if child.poll() is not None:
-            raise RuntimeError(f"the callgrind {side} child exited during its loop")
-        time.sleep(0.05)
-    control("off")
-    (workdir / "stop").touch()
-    child.wait()
-    return out
+    argv = ["--callgrind-child", f"--side={side}", f"--calls={calls}"]
+    return callgrind_runner.run(__file__, argv, workdir, side)
 
 
 def component_costs(path: Path, calls: int) -> dict:
@@ -230,15 +203,12 @@ def render(result: dict) -> str:
             f"{n:>6.0f} {row['exclusive'] - n:>+6.0f}"
         )
     wrapping = relay["wrapping_adoption_ir_per_call"]
-    walk = next(r["functions"] for r in relay["components"] if r["key"] == "argument_walk")
-    inlined = [n for n in WALK[1:4] if not any(re.search(rf"FallbackCall::{n}\b", f) for f in walk)]
     lines += [
         f"{'total':<62} {total:>6.0f} {'':>6} {'':>6} {total * us_per_ir:>5.2f} "
         f"{native['total_ir_per_call']:>6.0f} {total - native['total_ir_per_call']:>+6.0f}",
-        f"cross-cutting, inclusive: wrapping/adoption (tensor_over, adopt, home_storage, storage "
-        f"release) {wrapping:.0f} Ir ({wrapping / total:.1%}, ~{wrapping * us_per_ir:.2f} us)",
-        f"argument-walk steps inlined into boxed_fallback (counted in 'fallback itself'): "
-        f"{', '.join(inlined) or 'none'}",
+        f"cross-cutting, inclusive: wrapping/adoption (target views and their pool, adopt, "
+        f"home_storage, storage release) {wrapping:.0f} Ir ({wrapping / total:.1%}, "
+        f"~{wrapping * us_per_ir:.2f} us)",
     ]
     return "\n".join(lines)
 
@@ -281,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     result["timing"]["rounds"] = args.rounds
     if args.raw:
         result["timing_rounds"] = runs
-    missing = [t for t in ("valgrind", "callgrind_control") if shutil.which(t) is None]
+    missing = callgrind_runner.missing_tools()
     if args.no_callgrind:
         result["callgrind_note"] = "skipped (--no-callgrind)"
     elif missing:

@@ -1,0 +1,80 @@
+"""Run a child process under callgrind with instrumentation on only around its measured loop.
+
+The child sets up (uninstrumented), calls `ready()`, which waits for the parent's "go";
+the parent switches instrumentation on with callgrind_control; the child runs its loop,
+calls `done()` and waits until the parent has switched instrumentation off.
+`event_totals` reads the totals of the output file (Ir, and the cache and branch
+simulation's events when they were switched on).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CACHE_AND_BRANCHES = ("--cache-sim=yes", "--branch-sim=yes")
+
+
+def missing_tools() -> list[str]:
+    return [t for t in ("valgrind", "callgrind_control") if shutil.which(t) is None]
+
+
+def run(script: str, argv: list[str], workdir: Path, label: str,
+        valgrind_options: tuple[str, ...] = ()) -> Path:  # fmt: skip
+    """Runs `script argv --workdir=workdir` under callgrind; the output file's path."""
+    out = workdir / f"callgrind.{label}.out"
+    command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--compress-strings=no",
+               "--compress-pos=no", *valgrind_options, f"--callgrind-out-file={out}",
+               sys.executable, script, *argv, f"--workdir={workdir}"]  # fmt: skip
+    for marker in ("go", "done", "stop"):
+        (workdir / marker).unlink(missing_ok=True)
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert child.stdout is not None
+    line = child.stdout.readline()
+    if not line.startswith("ready"):
+        child.wait()
+        raise RuntimeError(f"the callgrind child {label} failed before its loop: {line!r}")
+    pid = line.split()[1]
+
+    def instrumentation(state: str) -> None:
+        subprocess.run(["callgrind_control", "-i", state, pid], check=True, capture_output=True)
+
+    instrumentation("on")
+    (workdir / "go").touch()
+    while not (workdir / "done").exists():
+        if child.poll() is not None:
+            raise RuntimeError(f"the callgrind child {label} exited during its loop")
+        time.sleep(0.05)
+    instrumentation("off")
+    (workdir / "stop").touch()
+    child.wait()
+    return out
+
+
+def ready(workdir: str) -> None:
+    """In the child: set up is done; returns when the parent has switched callgrind on."""
+    print(f"ready {os.getpid()}", flush=True)
+    while not (Path(workdir) / "go").exists():
+        time.sleep(0.1)
+
+
+def done(workdir: str) -> None:
+    """In the child: the loop is over; returns when the parent has switched callgrind off."""
+    (Path(workdir) / "done").touch()
+    while not (Path(workdir) / "stop").exists():
+        time.sleep(0.1)
+
+
+def event_totals(path: Path) -> dict[str, int]:
+    """{event: total} from the file's `events:` and `totals:` lines."""
+    events: list[str] = []
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith("events:"):
+            events = line.split()[1:]
+        elif line.startswith("totals:"):
+            return dict(zip(events, map(int, line.split()[1:]), strict=True))
+    raise ValueError(f"{path}: no totals line (did callgrind finish?)")
