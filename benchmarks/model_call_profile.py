@@ -9,6 +9,9 @@ one before. For each workload (a zoo model's float32 inference forward, and `add
 loop of overhead_profile.py), relay with CPU target and home against native CPU, one
 thread:
 
+Forwards run under torch.no_grad; with --inference-mode, every step runs under
+torch.inference_mode.
+
 (a) callgrind with its cache and branch simulation, switched on only around --steps
     steps: instructions (Ir), L1 instruction and data read misses (I1mr, D1mr) and
     mispredicted branches, conditional and indirect (Bcm, Bim); per step and per
@@ -42,13 +45,22 @@ EVENTS = ("Ir", "I1mr", "D1mr", "Bcm", "Bim")
 LOOP = "add"  # a 1K-element add, the loop overhead_profile.py measures
 
 
-def build_step(workload: str, device: str):
-    """A no-argument callable running one step of `workload` on `device`."""
+def build_step(workload: str, device: str, inference_mode: bool = False):
+    """A no-argument callable running one step of `workload` on `device`: a model's
+    forward under torch.no_grad (torch.inference_mode with `inference_mode`), or an add
+    (in torch.inference_mode with `inference_mode`)."""
     import torch
 
     if workload == LOOP:
         a, b = torch.randn(1024, device=device), torch.randn(1024, device=device)
-        return lambda: torch.add(a, b)
+        if not inference_mode:
+            return lambda: torch.add(a, b)
+
+        def add_in_inference_mode() -> None:
+            with torch.inference_mode():
+                torch.add(a, b)
+
+        return add_in_inference_mode
     import zoo_bench
 
     zoo = zoo_bench.load_zoo()
@@ -56,8 +68,10 @@ def build_step(workload: str, device: str):
     model = model.to(device=device, dtype=torch.float32).eval()
     inputs = zoo_bench.moved(case["eval"], device, torch.float32)
 
+    grad_off = torch.inference_mode if inference_mode else torch.no_grad
+
     def forward() -> None:
-        with torch.no_grad():
+        with grad_off():
             model(**inputs)
 
     return forward
@@ -84,7 +98,8 @@ def callgrind_child(args: argparse.Namespace) -> int:
     import torch
 
     torch.set_num_threads(1)
-    step = build_step(args.workload, relay_device() if args.side == "relay" else "cpu")
+    device = relay_device() if args.side == "relay" else "cpu"
+    step = build_step(args.workload, device, args.inference_mode)
     for _ in range(10):
         step()
     callgrind_runner.ready(args.workdir)
@@ -98,9 +113,9 @@ def timing_child(args: argparse.Namespace) -> int:
     import torch
 
     torch.set_num_threads(1)
-    steps = {"native": build_step(args.workload, "cpu")}
-    steps["relay"] = build_step(args.workload, relay_device())
-    steps["control"] = build_step(args.workload, "cpu")
+    steps = {"native": build_step(args.workload, "cpu", args.inference_mode)}
+    steps["relay"] = build_step(args.workload, relay_device(), args.inference_mode)
+    steps["control"] = build_step(args.workload, "cpu", args.inference_mode)
     calls = fallback_calls_per_step(steps["relay"])
     repeat = 100 if args.workload == LOOP else 1  # a loop step is too short to time alone
     for step in steps.values():
@@ -119,9 +134,10 @@ def timing_child(args: argparse.Namespace) -> int:
 
 def measure(workload: str, args: argparse.Namespace, workdir: Path) -> dict:
     row: dict = {"workload": workload}
+    mode = ["--inference-mode"] if args.inference_mode else []
     timing = harness.run_side(
         __file__, "timing", ["--timing-child", f"--workload={workload}",
-                             f"--timed-steps={args.timed_steps}"],
+                             f"--timed-steps={args.timed_steps}", *mode],
     )  # fmt: skip
     calls = timing["fallback_calls_per_step"]
     s = timing["seconds"]
@@ -146,6 +162,7 @@ def measure(workload: str, args: argparse.Namespace, workdir: Path) -> dict:
     for side in ("native", "relay"):
         print(f"callgrind: {workload}, {side} side, {steps} steps", file=sys.stderr)
         argv = ["--callgrind-child", f"--side={side}", f"--workload={workload}", f"--steps={steps}"]
+        argv += mode
         out = callgrind_runner.run(__file__, argv, workdir, f"{workload}.{side}",
                                    callgrind_runner.CACHE_AND_BRANCHES)  # fmt: skip
         totals = callgrind_runner.event_totals(out)
@@ -161,7 +178,8 @@ def render(result: dict) -> str:
     meta = result["meta"]
     lines = [
         f"torch {meta['torch']}, relay CPU target and home against native CPU, 1 thread, "
-        f"{meta['date']}, source {meta.get('source')}, host CPU: {meta.get('cpu_model')}",
+        f"forwards under {meta.get('grad_mode', 'no_grad')}, {meta['date']}, "
+        f"source {meta.get('source')}, host CPU: {meta.get('cpu_model')}",
         "",
         "time, one process, steps taking turns: median us per step; paired: median (quartiles)"
         " of the per-step relay/native, A/A: the control's",
@@ -207,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=5, help="model forwards under callgrind")
     parser.add_argument("--loop-steps", type=int, default=2000, help="adds under callgrind")
     parser.add_argument("--timed-steps", type=int, default=200, help="timed steps per side")
+    parser.add_argument(
+        "--inference-mode", action="store_true", help="steps under torch.inference_mode"
+    )
     parser.add_argument("--no-callgrind", action="store_true")
     parser.add_argument("--keep", help="keep the callgrind output files in this folder")
     harness.add_output_options(parser, raw=False)
@@ -227,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch  # metadata only; the measurements run in child processes
 
     meta = {**harness.host_info(torch), "timed_steps": args.timed_steps}
+    meta["grad_mode"] = "inference_mode" if args.inference_mode else "no_grad"
     meta.update(callgrind_steps=args.steps, loop_steps=args.loop_steps)
     result: dict = {"meta": meta}
     missing = callgrind_runner.missing_tools()

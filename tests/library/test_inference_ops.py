@@ -9,6 +9,10 @@ eager's result, unboxed where relay's memory is on the target.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -284,3 +288,95 @@ def test_a_decode_loop_makes_no_boxed_call(placement):
     if served_unboxed(placement):
         # The tensors the loop makes on relay (torch.tensor, randn's copies) are copies, not ops.
         assert boxed_calls() == {}, "boxed calls in a decode loop"
+
+
+def test_a_decode_loop_in_inference_mode_matches_eager(placement):
+    # Decoding servers run under torch.inference_mode: its calls set their target
+    # tensors up from a pool of inference tensors, apart from the other calls'.
+    def decode(on):
+        cache: list[torch.Tensor] = []
+        tokens = [on(torch.tensor([[3]]))]
+        with torch.inference_mode():
+            for _ in range(6):
+                tokens.append(decoder_step(on, cache, tokens[-1]))
+            return torch.cat(tokens, 1)
+
+    actual, expected = run_both(decode)
+    assert_same(actual, expected)
+    assert actual.is_inference() and expected.is_inference()
+    if served_unboxed(placement):
+        assert boxed_calls() == {}, "boxed calls in a decode loop"
+
+
+def parked(target: str) -> tuple[int, int]:
+    """This thread's parked target TensorImpls on `target`: (for calls outside
+    inference mode, for calls in it)."""
+    counts = torch.ops.torch_fallback.parked_target_impls()
+    return (counts[2], counts[3]) if target == "cuda" else (counts[0], counts[1])
+
+
+def test_calls_in_inference_mode_and_out_of_it_keep_their_own_target_tensors(placement):
+    # Inference tensors have no version counter: one serving a call outside
+    # inference mode would lose the writes autograd checks. Each mode's calls
+    # get target tensors of their own kind, as eager makes them in that mode.
+    x, w = torch.randn(4, 3), torch.randn(5, 3)
+    ops = [
+        lambda on: F.linear(on(x), on(w)),
+        lambda on: torch.relu(on(x)) * 2,
+        lambda on: torch.add(on(x), 1, out=on(torch.empty(4, 3))),
+        lambda on: on(x.clone()).mul_(3),
+        lambda on: torch._foreach_mul([on(x), on(w)], 2),
+    ]
+    outside_before = parked(placement.target)[0]
+    for _ in range(2):
+        for op in ops:
+            with torch.inference_mode():
+                actual, expected = run_both(op)
+            assert_same(actual, expected)
+            results = list(actual) if isinstance(actual, (list, tuple)) else [actual]
+            assert all(result.is_inference() for result in results)
+    outside, inside = parked(placement.target)
+    assert outside == outside_before, "calls in inference mode parked tensors of the others"
+    if served_unboxed(placement):
+        assert inside > 0, "calls in inference mode set up no pooled target tensor"
+
+    # Outside inference mode, after those calls: writes count for autograd again,
+    # through an in-place op and an optimizer's _foreach_ op (its kept views).
+    weight = torch.randn(4, 3).to("relay").requires_grad_()
+    states = [torch.zeros(4, 3).to("relay") for _ in range(2)]
+    for _ in range(3):
+        torch._foreach_add_(states, [weight.detach(), weight.detach()])
+    saved = torch.randn(4, 3).to("relay")
+    loss = (weight * saved).sum()
+    saved.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    for state in states:
+        assert state._version == 3
+        torch.testing.assert_close(state.cpu(), 3 * weight.detach().cpu())
+
+
+def test_a_first_call_in_inference_mode_leaves_the_other_calls_their_pool():
+    # Which plain TensorImpls the pool takes back was decided by the mode of the
+    # process's first fallback call; one in inference mode left every later call
+    # outside it to allocate its target tensors anew.
+    script = textwrap.dedent(
+        """
+        import torch
+        import torch_fallback
+        import torch_fallback.relay
+
+        torch_fallback.set_target("cpu")
+        torch_fallback.relay.set_home("cpu")
+        with torch.inference_mode():
+            torch.relu(torch.ones(3, device="relay"))
+        x = torch.ones(3, device="relay")
+        for _ in range(3):
+            x = x * 2
+        assert x.cpu().tolist() == [8.0, 8.0, 8.0]
+        print(torch.ops.torch_fallback.parked_target_impls()[0])
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.split()[-1]) > 0, "calls outside inference mode park no target tensor"

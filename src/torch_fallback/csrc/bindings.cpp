@@ -71,6 +71,7 @@ TORCH_LIBRARY(torch_fallback, m) {
   m.def("metrics_fields", &metrics_fields);
   m.def("metrics", &metrics_snapshot);
   m.def("reset_metrics", &tf::metrics::reset);
+  m.def("parked_target_impls", &tf::metrics::parked_target_impls);
 
   tf::distributed::define_ops(m);
 }

@@ -224,4 +224,11 @@ void CallRecord::record(bool failed) const {
 }
 
 }  // namespace detail
+
+namespace metrics {
+
+std::vector<int64_t> parked_target_impls() { return TargetImplPool::parked_counts(); }
+
+}  // namespace metrics
+
 }  // namespace torch_fallback

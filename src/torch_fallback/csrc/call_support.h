@@ -7,6 +7,7 @@
 
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include <array>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -158,18 +159,23 @@ inline c10::Storage empty_storage(c10::Device device) {
                       /*allocator=*/nullptr, /*resizable=*/false);
 }
 
-// The dispatch keys of a CPU or CUDA TensorImpl as tensor_over makes it, lazy bits aside.
-inline c10::DispatchKeySet plain_keys(bool cuda) {
-  const auto keys_on = [](c10::Device device, c10::DispatchKey key) {
+// The dispatch keys of a CPU or CUDA TensorImpl as tensor_over makes it, lazy bits
+// aside: with autograd's keys, or without them where it is made in inference mode.
+inline c10::DispatchKeySet plain_keys(bool cuda, bool inference) {
+  const auto keys_on = [](c10::Device device, c10::DispatchKey key, bool inference) {
+    // In the mode asked for, whichever mode the first call comes in.
+    const c10::InferenceMode mode(inference);
     return at::detail::make_tensor<c10::TensorImpl>(empty_storage(device),
                                                     c10::DispatchKeySet(key),
                                                     caffe2::TypeMeta::Make<float>())
         .key_set();
   };
-  static const c10::DispatchKeySet cpu = keys_on(c10::Device(c10::kCPU), c10::DispatchKey::CPU);
-  static const c10::DispatchKeySet on_cuda =
-      keys_on(c10::Device(c10::kCUDA, 0), c10::DispatchKey::CUDA);
-  return cuda ? on_cuda : cpu;
+  static const c10::DispatchKeySet keys[2][2] = {
+      {keys_on(c10::Device(c10::kCPU), c10::DispatchKey::CPU, false),
+       keys_on(c10::Device(c10::kCPU), c10::DispatchKey::CPU, true)},
+      {keys_on(c10::Device(c10::kCUDA, 0), c10::DispatchKey::CUDA, false),
+       keys_on(c10::Device(c10::kCUDA, 0), c10::DispatchKey::CUDA, true)}};
+  return keys[cuda][inference];
 }
 
 // Whether a Python dispatch mode may see the tensors of this call. Every
@@ -188,7 +194,7 @@ inline bool is_plain_and_unshared(const at::Tensor& tensor) {
   if (!impl->is_cpu() && !impl->is_cuda()) return false;
   // The key set tells a plain TensorImpl from its subclasses (nested, sparse, ...).
   return impl->key_set().remove(c10::DispatchKey::Conjugate).remove(c10::DispatchKey::Negative) ==
-             plain_keys(impl->is_cuda()) &&
+             plain_keys(impl->is_cuda(), impl->is_inference()) &&
          impl->autograd_meta() == nullptr && impl->get_backend_meta() == nullptr &&
          !impl->is_wrapped_number() && impl->allow_tensor_metadata_change();
 }
@@ -198,19 +204,29 @@ namespace detail {
 // The target tensors of a call are made by the hundred in a training step (a
 // _foreach_ op's lists) and dropped when the call ends. Each thread keeps the
 // TensorImpls its calls dropped and sets them up again for the next call,
-// instead of allocating, constructing and destroying one per tensor.
+// instead of allocating, constructing and destroying one per tensor. A thread
+// has two pools: one for calls in inference mode, whose impls are inference
+// tensors (no autograd keys, no version counter), and one for the others; each
+// call gets the kind of tensor it would make.
 class TargetImplPool {
   using Impl = c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
 
  public:
-  // This thread's pool, or none where target tensors must be made as usual:
-  // inference tensors, and tensors Python dispatch modes may keep.
+  explicit TargetImplPool(bool inference) : inference_(inference) {}
+
+  // This thread's pool for this call's mode, or none where target tensors must
+  // be made as usual: where Python dispatch modes may keep them.
   static TargetImplPool* for_this_call() {
-    if (c10::InferenceMode::is_enabled() || python_modes_may_be_set()) {
-      return nullptr;
-    }
-    thread_local TargetImplPool pool;
-    return &pool;
+    if (python_modes_may_be_set()) return nullptr;
+    return &this_thread()[c10::InferenceMode::is_enabled()];
+  }
+
+  // This thread's parked impls: CPU, CPU inference, CUDA, CUDA inference.
+  static std::vector<int64_t> parked_counts() {
+    const auto& pools = this_thread();
+    return {static_cast<int64_t>(pools[0].cpu_.size()), static_cast<int64_t>(pools[1].cpu_.size()),
+            static_cast<int64_t>(pools[0].cuda_.size()),
+            static_cast<int64_t>(pools[1].cuda_.size())};
   }
 
   ~TargetImplPool() {
@@ -221,6 +237,8 @@ class TargetImplPool {
       for (auto& impl : *parked) impl.release();
     }
   }
+
+  bool for_inference_mode() const { return inference_; }
 
   // A CPU or CUDA tensor over `storage` with the geometry of `like` (tensor_over's).
   at::Tensor take(const c10::Storage& storage, c10::Device device, const at::Tensor& like) {
@@ -233,13 +251,13 @@ class TargetImplPool {
     return at::Tensor(std::move(impl));
   }
 
-  // Keeps `tensor`'s TensorImpl for a later call when nothing else holds it
-  // and no kernel gave it state a fresh one lacks.
+  // Keeps `tensor`'s TensorImpl for a later call when nothing else holds it,
+  // no kernel gave it state a fresh one lacks and it is of this pool's kind.
   void park(at::Tensor&& tensor) {
     if (!is_plain_and_unshared(tensor)) return;
     c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
-    const bool cuda = impl->is_cuda();
-    auto& parked = cuda ? cuda_ : cpu_;
+    if (impl->is_inference() != inference_) return;
+    auto& parked = impl->is_cuda() ? cuda_ : cpu_;
     if (parked.size() >= kCapacity) return;
     TensorImplAccess::drop_storage(impl);  // frees no memory late
     parked.push_back(tensor.unsafeReleaseIntrusivePtr());
@@ -248,6 +266,12 @@ class TargetImplPool {
  private:
   static constexpr size_t kCapacity = 1024;
 
+  static std::array<TargetImplPool, 2>& this_thread() {
+    thread_local std::array<TargetImplPool, 2> pools{TargetImplPool(false), TargetImplPool(true)};
+    return pools;
+  }
+
+  bool inference_;
   std::vector<Impl> cpu_;
   std::vector<Impl> cuda_;
 };

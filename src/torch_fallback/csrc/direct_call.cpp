@@ -151,11 +151,14 @@ at::Tensor DirectCall::view_of(const at::Tensor& tensor) {
 }
 
 at::Tensor DirectCall::kept_view_of(const at::Tensor& tensor, bool add) {
-  // Kept views are plain tensors of the target: none made in inference mode or
-  // under a Python dispatch mode, where the pool is off too.
-  // They live in BackendMeta, which only a backend that lends it gives us.
+  // Kept views are plain tensors of the target, whose writes count: none made in
+  // inference mode (inference tensors count none) or under a Python dispatch
+  // mode, where the pool is off. They live in BackendMeta, which only a backend
+  // that lends it gives us.
   KeptTargetView* kept =
-      pool_ != nullptr && backend_.lend_backend_meta ? KeptTargetView::of(tensor, add) : nullptr;
+      pool_ != nullptr && !pool_->for_inference_mode() && backend_.lend_backend_meta
+          ? KeptTargetView::of(tensor, add)
+          : nullptr;
   if (kept == nullptr) return view_of(tensor);
   std::optional<KeptTargetView::View> view = kept->get(tensor, target_);
   if (!view) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace torch_fallback::metrics {
 
@@ -53,5 +54,9 @@ void record(Counters& counters, const Call& call);
 // Ops with at least one call since the last reset.
 std::map<std::string, OpStats> snapshot();
 void reset();
+
+// The calling thread's parked target TensorImpls (TargetImplPool), per pool: CPU,
+// CPU inference, CUDA, CUDA inference.
+std::vector<int64_t> parked_target_impls();
 
 }  // namespace torch_fallback::metrics
