@@ -9,6 +9,7 @@ simulation's events when they were switched on).
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import subprocess
@@ -17,6 +18,14 @@ import time
 from pathlib import Path
 
 CACHE_AND_BRANCHES = ("--cache-sim=yes", "--branch-sim=yes")
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """--no-callgrind, --keep, and the child's own options (hidden)."""
+    parser.add_argument("--no-callgrind", action="store_true")
+    parser.add_argument("--keep", help="keep the callgrind output files in this folder")
+    parser.add_argument("--callgrind-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", help=argparse.SUPPRESS)
 
 
 def missing_tools() -> list[str]:

@@ -144,14 +144,11 @@ def measure(workload: str, args: argparse.Namespace, workdir: Path) -> dict:
     row["fallback_calls_per_step"] = calls
     row["native_us"] = statistics.median(s["native"]) * 1e6
     row["relay_us"] = statistics.median(s["relay"]) * 1e6
-    ratios = harness.paired(s["relay"], s["native"])
-    control = harness.paired(s["control"], s["native"])
-    row["paired_ratio"], row["paired_quartiles"] = (
-        statistics.median(ratios),
-        harness.quartiles(ratios),
-    )
-    row["control_paired_ratio"] = statistics.median(control)
-    row["control_paired_quartiles"] = harness.quartiles(control)
+    paired = harness.summarize(harness.paired(s["relay"], s["native"]))
+    control = harness.summarize(harness.paired(s["control"], s["native"]))
+    row["paired_ratio"], row["paired_quartiles"] = paired["median"], paired["quartiles"]
+    row["control_paired_ratio"] = control["median"]
+    row["control_paired_quartiles"] = control["quartiles"]
     added_us = [(r - n) * 1e6 for r, n in zip(s["relay"], s["native"], strict=True)]
     row["added_us_per_step"] = statistics.median(added_us)
     row["added_us_per_call"] = row["added_us_per_step"] / calls
@@ -228,15 +225,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--inference-mode", action="store_true", help="steps under torch.inference_mode"
     )
-    parser.add_argument("--no-callgrind", action="store_true")
-    parser.add_argument("--keep", help="keep the callgrind output files in this folder")
+    callgrind_runner.add_options(parser)
     harness.add_output_options(parser, raw=False)
     parser.add_argument("--from-json", help="only render the table of an earlier run")
     parser.add_argument("--side", help=argparse.SUPPRESS)
     parser.add_argument("--workload", help=argparse.SUPPRESS)
     parser.add_argument("--timing-child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--callgrind-child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--workdir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.timing_child:
         return timing_child(args)

@@ -218,16 +218,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=20000, help="timed calls per side")
     parser.add_argument("--rounds", type=int, default=3, help="timing runs per side, best kept")
     parser.add_argument("--callgrind-calls", type=int, default=2000)
-    parser.add_argument("--no-callgrind", action="store_true")
+    callgrind_runner.add_options(parser)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="target and home of the timing (callgrind is CPU only)")  # fmt: skip
     harness.add_output_options(parser)
-    parser.add_argument("--keep", help="keep the callgrind output files in this folder")
     parser.add_argument("--from-json", help="only render the table of an earlier run")
     parser.add_argument("--side", choices=("native", "relay"), help=argparse.SUPPRESS)
     parser.add_argument("--timing-child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--callgrind-child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--workdir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.timing_child:
         return timing_child(args)

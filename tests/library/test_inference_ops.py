@@ -274,37 +274,23 @@ def decoder_step(on, cache: list[torch.Tensor], token: torch.Tensor) -> torch.Te
     return next_token
 
 
-def test_a_decode_loop_makes_no_boxed_call(placement):
-    def decode(on):
-        cache: list[torch.Tensor] = []
-        tokens = [on(torch.tensor([[3]]))]
-        with torch.no_grad():
-            for _ in range(6):
-                tokens.append(decoder_step(on, cache, tokens[-1]))
-        return torch.cat(tokens, 1)
-
-    actual, expected = run_both(decode)
-    assert_same(actual, expected)
-    if served_unboxed(placement):
-        # The tensors the loop makes on relay (torch.tensor, randn's copies) are copies, not ops.
-        assert boxed_calls() == {}, "boxed calls in a decode loop"
-
-
-def test_a_decode_loop_in_inference_mode_matches_eager(placement):
+@pytest.mark.parametrize("grad_off", ["no_grad", "inference_mode"])
+def test_a_decode_loop_makes_no_boxed_call(placement, grad_off):
     # Decoding servers run under torch.inference_mode: its calls set their target
     # tensors up from a pool of inference tensors, apart from the other calls'.
     def decode(on):
         cache: list[torch.Tensor] = []
         tokens = [on(torch.tensor([[3]]))]
-        with torch.inference_mode():
+        with getattr(torch, grad_off)():
             for _ in range(6):
                 tokens.append(decoder_step(on, cache, tokens[-1]))
             return torch.cat(tokens, 1)
 
     actual, expected = run_both(decode)
     assert_same(actual, expected)
-    assert actual.is_inference() and expected.is_inference()
+    assert actual.is_inference() == expected.is_inference() == (grad_off == "inference_mode")
     if served_unboxed(placement):
+        # The tensors the loop makes on relay (torch.tensor, randn's copies) are copies, not ops.
         assert boxed_calls() == {}, "boxed calls in a decode loop"
 
 
@@ -356,27 +342,30 @@ def test_calls_in_inference_mode_and_out_of_it_keep_their_own_target_tensors(pla
         torch.testing.assert_close(state.cpu(), 3 * weight.detach().cpu())
 
 
-def test_a_first_call_in_inference_mode_leaves_the_other_calls_their_pool():
+def test_a_first_call_in_inference_mode_leaves_the_other_calls_their_pool(placement):
     # Which plain TensorImpls the pool takes back was decided by the mode of the
     # process's first fallback call; one in inference mode left every later call
     # outside it to allocate its target tensors anew.
     script = textwrap.dedent(
-        """
+        f"""
         import torch
         import torch_fallback
         import torch_fallback.relay
 
-        torch_fallback.set_target("cpu")
-        torch_fallback.relay.set_home("cpu")
+        torch_fallback.set_target("{placement.target}")
+        torch_fallback.relay.set_home("{placement.home}")
         with torch.inference_mode():
             torch.relu(torch.ones(3, device="relay"))
         x = torch.ones(3, device="relay")
         for _ in range(3):
             x = x * 2
         assert x.cpu().tolist() == [8.0, 8.0, 8.0]
-        print(torch.ops.torch_fallback.parked_target_impls()[0])
+        print(torch.ops.torch_fallback.parked_target_impls())
         """
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert int(done.stdout.split()[-1]) > 0, "calls outside inference mode park no target tensor"
+    counts = [int(n) for n in done.stdout.strip().strip("[]").split(",")]
+    outside = counts[2] if placement.target == "cuda" else counts[0]
+    if served_unboxed(placement):
+        assert outside > 0, "calls outside inference mode park no target tensor"
