@@ -119,6 +119,7 @@ def extensions() -> list:
                 "call_support.cpp",
                 "boxed_call.cpp",
                 "direct_call.cpp",
+                "backward_threads.cpp",
                 "distributed.cpp",
             ),
             include_dirs=[PUBLIC_INCLUDE],

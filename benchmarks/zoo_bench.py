@@ -6,12 +6,15 @@ float32 training step (forward, backward, AdamW step, synchronize), in ms.
 
 Three side processes answer one measurement per request: native (never imports
 torch_fallback: pytorch/pytorch#161129), relay (CUDA target and home), and control
-(a second native process in relay's place). Within a round each row is measured
-on every side back to back, in an order that rotates from round to round, so a
-slower host during a round slows all sides; a row's figure is the median of its
-per-round ratios, and the control's ratio is the noise floor of this host.
+(a second native process in relay's place). Within a round each row is measured in
+--slices short slices of --budget/--slices seconds; each slice measures every side
+back to back, in an order that rotates from slice to slice, so a slower host during
+a slice slows all sides. A row's figure is the median of its per-slice ratios over
+all rounds, and the control's ratio is the noise floor of this host. Slices pair the
+sides closer in time than whole rounds: on a shared host the speed changes within a
+round, and one pair per round left ratios whose quartiles spanned 0.8 to 1.6.
 --json writes the summary (medians, ratios and their quartiles, host and GPU); --raw
-adds each round's figures.
+adds each slice's figures.
 
     python benchmarks/zoo_bench.py --device cuda --rounds 16 --json zoo.json
     python benchmarks/zoo_bench.py --device cpu --models bert,gpt2 --rounds 4
@@ -103,8 +106,10 @@ def side_main(args: argparse.Namespace) -> int:
         def call(model=model, inputs=inputs, optimizer=optimizer, train=train) -> None:
             step(model, inputs, optimizer, train)
 
-        # 3 warm-up calls (allocator, autotuning, lazy init), then --budget seconds
-        timed = {**row, "ms": harness.time_calls(call, sync, args.budget, max_repeats=None).median}
+        # 3 warm-up calls (allocator, autotuning, lazy init, caches after another side
+        # ran), then one slice's share of --budget
+        budget = args.budget / args.slices
+        timed = {**row, "ms": harness.time_calls(call, sync, budget, max_repeats=None).median}
         if args.side == "relay" and (row["model"], row["mode"]) not in counted:
             timed["fallback"] = fallback_calls(call, sync)  # the same in every round: once
             counted.add((row["model"], row["mode"]))
@@ -131,24 +136,25 @@ def fallback_calls(call, sync) -> dict:
 def run(args: argparse.Namespace, forwarded: list[str]) -> dict:
     sides = {side: harness.SideProcess(__file__, side, forwarded) for side in SIDES}
     plan = sides["native"].hello["plan"]
-    per_round: dict[str, list[list[float]]] = {side: [] for side in SIDES}
+    per_slice: dict[str, list[list[float]]] = {side: [] for side in SIDES}
     for round_index in range(args.rounds):
-        order = harness.rotated(SIDES, round_index)
-        times: dict[str, list[float]] = {side: [0.0] * len(plan) for side in SIDES}
-        for index in range(len(plan)):
-            for side in order:
-                answer = sides[side].measure(index)
-                times[side][index] = answer["ms"]
-                if "fallback" in answer:
-                    plan[index]["fallback"] = answer["fallback"]  # the first round's
-        for side in SIDES:
-            per_round[side].append(times[side])
+        for slice_index in range(args.slices):
+            order = harness.rotated(SIDES, round_index * args.slices + slice_index)
+            times: dict[str, list[float]] = {side: [0.0] * len(plan) for side in SIDES}
+            for index in range(len(plan)):
+                for side in order:
+                    answer = sides[side].measure(index)
+                    times[side][index] = answer["ms"]
+                    if "fallback" in answer:
+                        plan[index]["fallback"] = answer["fallback"]  # the first slice's
+            for side in SIDES:
+                per_slice[side].append(times[side])
         print(f"round {round_index + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     for side in sides.values():
         side.close()
     rows = []
     for index, row in enumerate(plan):
-        times = {side: [r[index] for r in per_round[side]] for side in SIDES}
+        times = {side: [r[index] for r in per_slice[side]] for side in SIDES}
         ratio = {s: harness.summarize(harness.paired(times[s], times["native"])) for s in SIDES[1:]}
         rows.append(
             {
@@ -161,19 +167,21 @@ def run(args: argparse.Namespace, forwarded: list[str]) -> dict:
                 "control_quartiles": ratio["control"]["quartiles"],
             }
         )
-    meta = {**sides["relay"].hello["meta"], "rounds": args.rounds, "budget_s": args.budget}
+    meta = {**sides["relay"].hello["meta"], "rounds": args.rounds, "slices": args.slices}
+    meta["budget_s"] = args.budget
     meta |= harness.host_info()
     meta["command"] = " ".join(["python", "benchmarks/zoo_bench.py", *forwarded])
     result = {"meta": meta, "rows": rows}
-    if args.raw:  # each round's ms, per side, in plan order
-        result["rounds_ms"] = {"plan": plan, **per_round}
+    if args.raw:  # each slice's ms, per side, in plan order
+        result["slices_ms"] = {"plan": plan, **per_slice}
     return result
 
 
 def render(result: dict) -> str:
     meta = result["meta"]
     lines = [
-        f"zoo speed, relay/native (median of {meta['rounds']} paired rounds; control = A/A)",
+        f"zoo speed, relay/native (median of {meta['rounds']} rounds x "
+        f"{meta.get('slices', 1)} paired slices; control = A/A)",
         f"host: {meta.get('cpu_model') or meta.get('cpu')}; {meta.get('gpu') or 'no GPU'}; "
         f"torch {meta['torch']}",
         "",
@@ -204,7 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--models", default="", help="comma-separated zoo names (default: all)")
     parser.add_argument("--rounds", type=int, default=16)
-    parser.add_argument("--budget", type=float, default=0.1, help="seconds per measurement")
+    parser.add_argument("--budget", type=float, default=0.1,
+                        help="seconds per row, side and round, split over its slices")
+    parser.add_argument("--slices", type=int, default=4,
+                        help="paired measurements per row and round (default 4)")
     harness.add_output_options(parser)
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     argv = sys.argv[1:] if argv is None else argv
