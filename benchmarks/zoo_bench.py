@@ -212,10 +212,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--models", default="", help="comma-separated zoo names (default: all)")
     parser.add_argument("--rounds", type=int, default=16)
-    parser.add_argument("--budget", type=float, default=0.1,
-                        help="seconds per row, side and round, split over its slices")
-    parser.add_argument("--slices", type=int, default=4,
-                        help="paired measurements per row and round (default 4)")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=0.1,
+        help="seconds per row, side and round, split over its slices",
+    )
+    parser.add_argument(
+        "--slices", type=int, default=4, help="paired measurements per row and round (default 4)"
+    )
     harness.add_output_options(parser)
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     argv = sys.argv[1:] if argv is None else argv
