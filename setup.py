@@ -119,7 +119,6 @@ def extensions() -> list:
                 "call_support.cpp",
                 "boxed_call.cpp",
                 "direct_call.cpp",
-                "backward_threads.cpp",
                 "distributed.cpp",
             ),
             include_dirs=[PUBLIC_INCLUDE],

@@ -26,7 +26,10 @@ figures); with --device cpu: relay CPU target and home against native CPU.
 Within a round each relay measurement runs next to its native reference and a second
 native process (the A/A control, which --no-control leaves out) measures the same
 native reference; the order of the three rotates from round to round. --cpus pins
-every side to the same CPUs.
+every side to the same CPUs. --backward-on-calling-thread runs every side's backward
+on the thread that calls it (torch.autograd.set_multithreading_enabled(False)): the
+autograd engine runs relay's backward on a thread of its own, and on the CPU target
+that thread's OpenMP team slows the main thread's (docs/relay.md, Performance).
 
 Output: the table; --json the summary (meta with host and GPU, and per row the medians,
 the ratio, the paired ratio and its quartiles, the A/A control's); --raw adds every
@@ -119,6 +122,8 @@ def side_main(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.backward_on_calling_thread:
+        torch.autograd.set_multithreading_enabled(False)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("--device cuda needs a GPU: torch.cuda.is_available() is False", file=sys.stderr)
         return 2
@@ -130,6 +135,7 @@ def side_main(args: argparse.Namespace) -> int:
     meta = {
         "torch": str(torch.__version__),
         "threads": torch.get_num_threads(),
+        "backward_thread": "calling" if args.backward_on_calling_thread else "engine's",
         "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
         "sizes": {"cnn": work.CNN[args.small], "transformer": work.TRANSFORMER[args.small]},
     }
@@ -223,7 +229,9 @@ def render(derived: dict[str, list[dict]], meta: dict) -> str:
     lines = [
         f"torch {meta['torch']}, device {meta['device']}"
         + (f" ({meta['gpu']})" if meta.get("gpu") else "")
-        + f", {meta['threads']} CPU threads, {'small' if meta['small'] else 'full'} sizes, "
+        + f", {meta['threads']} CPU threads"
+        + (", backward on the calling thread" if meta.get("backward_thread") == "calling" else "")
+        + f", {'small' if meta['small'] else 'full'} sizes, "
         f"{meta['date']}, source {meta.get('source')}, best of {meta.get('rounds', 1)} round(s) "
         f"of {meta['budget_s']} s per measurement",
         f"sizes: {json.dumps(meta['sizes'])}",
@@ -320,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=KINDS, default=list(KINDS),
                         help="measure only these kinds")  # fmt: skip
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
+    parser.add_argument("--backward-on-calling-thread", action="store_true",
+                        help="every side runs backward on the thread that calls it")  # fmt: skip
     harness.add_output_options(parser)
     parser.add_argument("--plot", help="write a PNG plot here (needs matplotlib)")
     parser.add_argument("--from-json", help="only render the table/plot of an earlier run")
@@ -341,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         forwarded = [f"--device={args.device}", f"--budget={args.budget}"]
         forwarded += [f"--threads={args.threads}"] + (["--small"] if args.small else [])
+        forwarded += ["--backward-on-calling-thread"] if args.backward_on_calling_thread else []
         forwarded += ["--only", *args.only]
         if args.cpus:
             forwarded.append("--cpus=" + ",".join(map(str, sorted(args.cpus))))

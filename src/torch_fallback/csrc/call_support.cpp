@@ -207,7 +207,6 @@ CallRecord::CallRecord(const OpRules& rules, bool unboxed)
 
 void CallRecord::enter(c10::Device target) {
   on_cuda_ = target.is_cuda();
-  if (!on_cuda_) release_openmp_team_after_backward();
   if (on_cuda_ && cuda::device_count() > 1) device_scope_.emplace(target.index());
 }
 

@@ -127,12 +127,6 @@ c10::Storage home_storage_of(const BackendAdapter& backend, const c10::Storage& 
 at::Tensor adopt_home_tensor(const BackendAdapter& backend, const at::Tensor& home_tensor,
                              c10::DeviceIndex index);
 
-namespace detail {
-// On a thread of the autograd engine, where a call runs on the CPU: lets this
-// thread's OpenMP team go when the backward ends (backward_threads.cpp).
-void release_openmp_team_after_backward();
-}  // namespace detail
-
 // The target an op runs on before its kernels are looked at: the CPU op list,
 // then the target setting; 'auto' takes the GPU where the op has a kernel there.
 Target wanted_target(const OpRules& rules, bool nested);
