@@ -61,6 +61,9 @@ def moved(inputs: dict, device: str, dtype) -> dict:
 def side_main(args: argparse.Namespace) -> int:
     import torch
 
+    if args.backward_on_calling_thread:
+        torch.autograd.set_multithreading_enabled(False)
+
     if args.side == "relay":
         import torch_fallback
         import torch_fallback.relay
@@ -71,6 +74,7 @@ def side_main(args: argparse.Namespace) -> int:
     zoo = load_zoo()
     plan = [{"model": m, "mode": mode} for m in args.models for mode in MODES]
     meta = {"side": args.side, "torch": torch.__version__}
+    meta["backward_thread"] = "calling" if args.backward_on_calling_thread else "engine's"
     if args.device == "cuda":
         meta["gpu"] = torch.cuda.get_device_name(0)
     sync = torch.cuda.synchronize if args.device == "cuda" else harness.no_sync
@@ -183,7 +187,8 @@ def render(result: dict) -> str:
         f"zoo speed, relay/native (median of {meta['rounds']} rounds x "
         f"{meta.get('slices', 1)} paired slices; control = A/A)",
         f"host: {meta.get('cpu_model') or meta.get('cpu')}; {meta.get('gpu') or 'no GPU'}; "
-        f"torch {meta['torch']}",
+        f"torch {meta['torch']}"
+        + (", backward on the calling thread" if meta.get("backward_thread") == "calling" else ""),
         "",
         "| model | mode | native ms | relay ms | relay/native (quartiles) | control "
         "| fallback calls (boxed) |",
@@ -221,6 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--slices", type=int, default=4, help="paired measurements per row and round (default 4)"
     )
+    parser.add_argument("--backward-on-calling-thread", action="store_true",
+                        help="every side runs backward on the thread that calls it "
+                        "(on the CPU target, relay's backward thread slows the main thread's "
+                        "OpenMP team: docs/relay.md)")  # fmt: skip
     harness.add_output_options(parser)
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     argv = sys.argv[1:] if argv is None else argv
