@@ -17,6 +17,8 @@ from torch import nn
 import torch_fallback.relay  # noqa: F401  (registers the relay device)
 
 STEPS = 3
+# float64; CUDA's backward kernels add in no fixed order (atomics), as in test_training
+RTOL, ATOL = 1e-7, 1e-9
 
 
 def make_model() -> nn.Module:
@@ -61,8 +63,8 @@ def test_backward_on_the_calling_thread_trains_as_on_the_engines_thread(placemen
         "'Training on the CPU' no longer describes this PyTorch"
     )
     assert caller_threads == {main}, "set_multithreading_enabled(False) left the calling thread"
-    torch.testing.assert_close(caller_losses, engine_losses, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(caller_losses, engine_losses, rtol=RTOL, atol=ATOL)
     engine_state = {k: v.cpu() for k, v in on_engine.state_dict().items()}
     caller_state = {k: v.cpu() for k, v in on_caller.state_dict().items()}
-    torch.testing.assert_close(caller_state, engine_state, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(caller_state, engine_state, rtol=RTOL, atol=ATOL)
     assert not torch.equal(caller_state["0.weight"], model.state_dict()["0.weight"])
