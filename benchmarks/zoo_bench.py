@@ -234,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    if args.slices < 1:
+        parser.error(f"--slices {args.slices}: a round needs at least one slice")
     if not args.models:
         args.models = [entry.name for entry in load_zoo().ZOO]
         argv = [*argv, "--models", ",".join(args.models)]
