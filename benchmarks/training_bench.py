@@ -25,7 +25,10 @@ figures); with --device cpu: relay CPU target and home against native CPU.
 
 Within a round each relay measurement runs next to its native reference and a second
 native process (the A/A control, which --no-control leaves out) measures the same
-native reference; the order of the three rotates from round to round. --cpus pins
+native reference; the order of the three rotates from round to round. Training steps
+and graph replays are measured in --slices slices a round (of --budget/--slices
+seconds each, the order rotating from slice to slice): a shared host's speed changes
+within a round, and pairs a few milliseconds apart cancel it. --cpus pins
 every side to the same CPUs. --backward-on-calling-thread runs every side's backward
 on the thread that calls it (torch.autograd.set_multithreading_enabled(False)): the
 autograd engine runs relay's backward on a thread of its own, and on the CPU target
@@ -50,12 +53,15 @@ SIDES = ("native", "relay")
 CONTROL = "control"  # the A/A control: a second native process, paired as relay is
 KINDS = ("train", "decode", "graph", "op", "cross_home")
 TIMED = ("train", "decode", "graph")  # kinds with a median time per round, paired
+SLICED = ("train", "graph")  # kinds of short calls, paired in --slices slices a round
 
 
 def measure_all(args: argparse.Namespace, forwarded: list[str]) -> dict:
     """Every relay measurement next to its native reference and, unless --no-control,
     the same native measurement in a second native process (the A/A control), in an
-    order that rotates from round to round: a cost of going first or last cancels out."""
+    order that rotates from slice to slice: a cost of going first or last cancels out.
+    Kinds of short calls (SLICED) are measured in --slices slices a round, each one
+    pairing the sides within a few milliseconds."""
     names = [*SIDES] + ([] if args.no_control else [CONTROL])
     sides = {name: harness.SideProcess(__file__, name, forwarded) for name in names}
     plans = {name: sides[name].hello["plan"] for name in names}
@@ -63,41 +69,41 @@ def measure_all(args: argparse.Namespace, forwarded: list[str]) -> dict:
                     for i, s in enumerate(plans["native"])}  # fmt: skip
     pairs = [(native_index.get((s["kind"], s["name"], s.get("dtype"), s["ref"])), j)
              for j, s in enumerate(plans["relay"])]  # fmt: skip
-    runs: dict[str, list[list[dict]]] = {name: [] for name in names}
+    # Per side and row, its measurements: one per round, or one per slice.
+    samples: dict[str, list[list[dict]]] = {name: [[] for _ in plans[name]] for name in names}
     for round_index in range(args.rounds):
-        rows: dict[str, list] = {name: [None] * len(plans[name]) for name in names}
-        order = harness.rotated(names, round_index)
+        measured: set[tuple[str, int, int]] = set()  # a native row shared by relay rows: once
         for i, j in pairs:
-            for name in order:
-                if name == "relay":
-                    rows["relay"][j] = sides["relay"].measure(j)
-                elif i is not None and rows[name][i] is None:
-                    rows[name][i] = sides[name].measure(i)
-        for name in names:
-            runs[name].append([row for row in rows[name] if row is not None])
+            slices = args.slices if plans["relay"][j]["kind"] in SLICED else 1
+            for slice_index in range(slices):
+                for name in harness.rotated(names, round_index * slices + slice_index):
+                    if name == "relay":
+                        samples["relay"][j].append(sides["relay"].measure(j))
+                    elif i is not None and (name, i, slice_index) not in measured:
+                        measured.add((name, i, slice_index))
+                        samples[name][i].append(sides[name].measure(i))
     for side in sides.values():
         side.close()
-    return {name: {"meta": sides[name].hello["meta"], "rows": best_of_rounds(runs[name])}
+    return {name: {"meta": sides[name].hello["meta"],
+                   "rows": [best_of(rows) for rows in samples[name] if rows]}
             for name in names}  # fmt: skip
 
 
-def best_of_rounds(rounds: list[list[dict]]) -> list[dict]:
-    """Per row, the fastest median of the rounds (neighbours on a shared host only slow)."""
-    merged = []
-    for rows in zip(*rounds, strict=True):
-        best = dict(rows[0])
-        if "median_ms" in best:
-            best["round_ms"] = [r["median_ms"] for r in rows]
-        for key in ("median_ms", "latency_us", "throughput_us"):
-            if key in best:
-                best[key] = min(r[key] for r in rows)
-        if "tokens_per_s" in best:  # the same tokens each round: at the kept median's speed
-            tokens = rows[0]["tokens_per_s"] * rows[0]["median_ms"]
-            best["tokens_per_s"] = tokens / best["median_ms"]
-        best["repeats"] = sum(r["repeats"] for r in rows)
-        best["rounds"] = len(rows)
-        merged.append(best)
-    return merged
+def best_of(rows: list[dict]) -> dict:
+    """A row's measurements merged: the fastest median of them (neighbours on a shared
+    host only slow), and each one's median in round_ms, for pairing."""
+    best = dict(rows[0])
+    if "median_ms" in best:
+        best["round_ms"] = [r["median_ms"] for r in rows]
+    for key in ("median_ms", "latency_us", "throughput_us"):
+        if key in best:
+            best[key] = min(r[key] for r in rows)
+    if "tokens_per_s" in best:  # the same tokens each round: at the kept median's speed
+        tokens = rows[0]["tokens_per_s"] * rows[0]["median_ms"]
+        best["tokens_per_s"] = tokens / best["median_ms"]
+    best["repeats"] = sum(r["repeats"] for r in rows)
+    best["rounds"] = len(rows)
+    return best
 
 
 def parse_cpus(text: str) -> set[int]:
@@ -233,7 +239,12 @@ def render(derived: dict[str, list[dict]], meta: dict) -> str:
         + (", backward on the calling thread" if meta.get("backward_thread") == "calling" else "")
         + f", {'small' if meta['small'] else 'full'} sizes, "
         f"{meta['date']}, source {meta.get('source')}, best of {meta.get('rounds', 1)} round(s) "
-        f"of {meta['budget_s']} s per measurement",
+        f"of {meta['budget_s']} s per measurement"
+        + (
+            f" (training steps and graph replays: {meta['slices']} paired slices a round)"
+            if meta.get("slices", 1) > 1
+            else ""
+        ),
         f"sizes: {json.dumps(meta['sizes'])}",
     ]
     if meta.get("control"):
@@ -253,7 +264,7 @@ def render(derived: dict[str, list[dict]], meta: dict) -> str:
             lines += [
                 "",
                 f"{titles[kind]}, median; ratio: of the best rounds, paired: median "
-                "(and quartiles) of the rounds' relay/native, A/A: the control's",
+                "(and quartiles) of the rounds' (slices') relay/native, A/A: the control's",
                 *timed_table(kind, derived[kind], meta),
             ]
     if derived["op"]:
@@ -324,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
     parser.add_argument("--budget", type=float, default=1.0, help="seconds per measurement")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each measurement; best kept")
+    parser.add_argument("--slices", type=int, default=4,
+                        help="training steps and graph replays: paired measurements a round, "
+                        "of --budget/--slices seconds each (default 4)")  # fmt: skip
     parser.add_argument("--small", action="store_true", help="small models (for CPU hosts)")
     parser.add_argument("--only", nargs="+", choices=KINDS, default=list(KINDS),
                         help="measure only these kinds")  # fmt: skip
@@ -343,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--side", choices=(*SIDES, CONTROL), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.slices < 1:
+        parser.error(f"--slices {args.slices}: a round needs at least one slice")
     if args.side:
         return side_main(args)
 
@@ -350,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         data = json.loads(Path(args.from_json).read_text())
     else:
         forwarded = [f"--device={args.device}", f"--budget={args.budget}"]
+        forwarded.append(f"--slices={args.slices}")
         forwarded += [f"--threads={args.threads}"] + (["--small"] if args.small else [])
         forwarded += ["--backward-on-calling-thread"] if args.backward_on_calling_thread else []
         forwarded += ["--only", *args.only]
@@ -358,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
         sides = measure_all(args, forwarded)
         meta = {
             **sides["relay"]["meta"], "device": args.device, "small": args.small,
-            "budget_s": args.budget, "rounds": args.rounds, **harness.host_info(),
+            "budget_s": args.budget, "rounds": args.rounds, "slices": args.slices,
+            **harness.host_info(),
             "control": not args.no_control, "cpus": sorted(args.cpus) if args.cpus else None,
         }  # fmt: skip
         rows = {side: sides[side]["rows"] for side in sides}

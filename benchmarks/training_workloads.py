@@ -38,6 +38,12 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def slice_budget(args) -> float:
+    """Seconds for one measurement of a kind training_bench pairs in slices: its share
+    of --budget (tools without --slices measure in one)."""
+    return args.budget / getattr(args, "slices", 1)
+
+
 def make_sync(uses_cuda: bool) -> Callable[[], None]:
     return torch.cuda.synchronize if uses_cuda else no_sync
 
@@ -101,7 +107,7 @@ def train_step(spec: dict, args, sync: Callable[[], None]) -> tuple[dict, Callab
         optimizer.step()
         mark(time.perf_counter())
 
-    timed = time_calls(step, sync, args.budget, max_repeats=200)
+    timed = time_calls(step, sync, slice_budget(args), max_repeats=200)
     log(f"train {spec['name']:<12} {spec['dtype']} {spec['config']:<15} {timed.median:9.3f} ms")
     return {"median_ms": timed.median, "repeats": timed.repeats}, step
 
@@ -260,7 +266,7 @@ def graph_replay(spec: dict, args, sync: Callable[[], None]) -> dict:
     graph = torch.cuda.CUDAGraph()
     with torch.no_grad(), torch.cuda.graph(graph):
         model(x)
-    timed = time_calls(graph.replay, sync, args.budget, warmup=10, max_repeats=10_000,
+    timed = time_calls(graph.replay, sync, slice_budget(args), warmup=10, max_repeats=10_000,
                        per_sample=g["replays"])  # fmt: skip
     log(f"graph  {spec['name']:<11} {spec['config']:<15} {timed.median * 1e3:9.2f} us per replay")
     return {"median_ms": timed.median, "repeats": timed.repeats * g["replays"]}
