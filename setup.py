@@ -36,7 +36,11 @@ PACKAGE = Path("src/torch_fallback")
 CSRC = PACKAGE / "csrc"
 RELAY_CSRC = PACKAGE / "relay" / "csrc"
 BUILD_INFO = "_build_info.json"
-CXX_FLAGS = ["-O2", "-g0", "-fvisibility=hidden", "-Wall", "-Wno-unused-parameter"]
+# -fno-plt: a fallback call reaches some forty functions of libtorch and of the
+# library; through the GOT each costs one indirect call, where a PLT stub adds a
+# jump and an instruction-cache line of its own (benchmarks/README.md, A call
+# inside a model).
+CXX_FLAGS = ["-O2", "-g0", "-fvisibility=hidden", "-fno-plt", "-Wall", "-Wno-unused-parameter"]
 LINK_FLAGS: list[str] = []
 
 # TORCH_FALLBACK_SANITIZE=address builds with AddressSanitizer; run the result
