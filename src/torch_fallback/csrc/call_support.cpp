@@ -159,7 +159,8 @@ at::Tensor backend_tensor_over(c10::Storage storage, const at::Tensor& home_tens
   if (is_plain_and_unshared(home_tensor) && !python_modes_may_be_set()) {
     c10::TensorImpl* impl = home_tensor.unsafeGetTensorImpl();
     impl->set_storage_keep_dtype(std::move(storage));
-    impl->_change_backend_component_keys(device);
+    TensorImplAccess::become_plain_tensor_of(
+        impl, device, plain_backend_keys(device.type(), impl->is_inference()));
     return home_tensor;
   }
   return tensor_over(storage, device, home_tensor);

@@ -8,6 +8,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <array>
+#include <atomic>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -85,6 +86,17 @@ struct TensorImplAccess : c10::TensorImpl {
     // A view is a tensor, never a Python number, whatever it views (as
     // set_sizes_and_strides leaves it).
     if (from.is_wrapped_number()) to->set_wrapped_number(false);
+  }
+  // Makes a plain CPU or CUDA impl (is_plain_and_unshared) a plain tensor of
+  // `device` whose keys are `plain_keys` (plain_backend_keys), lazy bits kept:
+  // what _change_backend_component_keys does, without working the keys out anew.
+  static void become_plain_tensor_of(c10::TensorImpl* impl, c10::Device device,
+                                     c10::DispatchKeySet plain_keys) {
+    constexpr c10::DispatchKeySet lazy_bits(
+        {c10::DispatchKey::Conjugate, c10::DispatchKey::Negative});
+    c10::DispatchKeySet& keys = impl->*(&TensorImplAccess::key_set_);
+    keys = plain_keys | (keys & lazy_bits);
+    impl->*(&TensorImplAccess::device_opt_) = device;
   }
   // Lets go of `impl`'s storage without giving it another: for an impl that
   // waits unused until set_storage_and_dtype gives it one.
@@ -176,6 +188,27 @@ inline c10::DispatchKeySet plain_keys(bool cuda, bool inference) {
       {keys_on(c10::Device(c10::kCUDA, 0), c10::DispatchKey::CUDA, false),
        keys_on(c10::Device(c10::kCUDA, 0), c10::DispatchKey::CUDA, true)}};
   return keys[cuda][inference];
+}
+
+// The dispatch keys of a plain tensor of backend `type`, as the TensorImpl
+// constructor gives them in or out of inference mode; made once per type and mode.
+inline c10::DispatchKeySet plain_backend_keys(c10::DeviceType type, bool inference) {
+  static std::array<std::array<std::atomic<uint64_t>, 2>, c10::COMPILE_TIME_MAX_DEVICE_TYPES>
+      known{};  // 0: not made yet (a plain tensor has keys)
+  std::atomic<uint64_t>& slot = known[static_cast<size_t>(type)][inference];
+  uint64_t raw = slot.load(std::memory_order_relaxed);
+  if (raw == 0) {
+    const c10::InferenceMode mode(inference);
+    const c10::Device device(type, 0);
+    raw = at::detail::make_tensor<c10::TensorImpl>(
+              empty_storage(device),
+              c10::DispatchKeySet(c10::computeDispatchKey(std::nullopt, c10::kStrided, device)),
+              caffe2::TypeMeta::Make<float>())
+              .key_set()
+              .raw_repr();
+    slot.store(raw, std::memory_order_relaxed);
+  }
+  return c10::DispatchKeySet(c10::DispatchKeySet::RAW, raw);
 }
 
 // Whether a Python dispatch mode may see the tensors of this call. Every
