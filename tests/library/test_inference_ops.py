@@ -42,7 +42,7 @@ INFERENCE_OPS = [
     "aten::max_pool2d_with_indices", "aten::native_group_norm", "aten::silu_backward",
     "aten::sigmoid_backward", "aten::tanh_backward", "aten::hardtanh_backward",
     "aten::max_pool2d_with_indices_backward", "aten::native_group_norm_backward",
-    "aten::embedding_dense_backward", "aten::arange.start_out",
+    "aten::embedding_dense_backward", "aten::arange.start_out", "aten::where.self_out",
 ]  # fmt: skip
 
 
@@ -218,6 +218,50 @@ def test_arange_into_an_output_keeps_eagers_rules(placement):
     assert torch.equal(wrong_size.cpu(), torch.arange(6.0))
     with pytest.raises(RuntimeError, match="step must be nonzero"):
         torch.arange(0, 10, 0, device="relay")
+
+
+def safe_softmax(on):
+    # The math attention's softmax: rows masked out whole give zeros, written by
+    # where's out= form into the softmax's own output.
+    scores = torch.randn(2, 3, 4)
+    scores[0, 1] = float("-inf")
+    return aten._safe_softmax(on(scores), -1)
+
+
+def where_into_outputs(on):
+    cond, x, y = on(torch.rand(3, 1) > 0.5), on(torch.randn(3, 4)), on(torch.randn(4))
+    sized = on(torch.empty(3, 4))
+    torch.where(cond, x, y, out=sized)
+    empty = on(torch.empty(0))  # sized by the kernel, as eager's resize_output sizes it
+    torch.where(cond, x, y, out=empty)
+    base = on(torch.zeros(5, 4))
+    torch.where(cond, x, y, out=base[1:4])  # a view writes its base
+    aliased = on(torch.randn(3, 4))
+    torch.where(cond, on(torch.tensor(0.0)), aliased, out=aliased)  # _safe_softmax's call
+    return sized, empty, base, aliased
+
+
+def test_where_into_an_output_matches_eager_unboxed_where_relay_memory_is(placement):
+    for call in (safe_softmax, where_into_outputs):
+        actual, expected = run_both(call)
+        assert_same(actual, expected)
+    served = torch_fallback.metrics()["aten::where.self_out"]
+    assert served.calls == 5
+    assert served.calls_unboxed == (5 if served_unboxed(placement) else 0)
+
+
+def test_where_into_an_output_of_another_size_keeps_eagers_rules(placement):
+    """An output of another size is resized with eager's warning; arguments that do
+    not broadcast fail as in eager. Both are served boxed, each in one call."""
+    cond, x, y = torch.rand(3, 1) > 0.5, torch.randn(3, 4), torch.randn(4)
+    wrong_size = torch.empty(2, device="relay")
+    with pytest.warns(UserWarning, match="An output with one or more elements was resized"):
+        torch.where(cond.to("relay"), x.to("relay"), y.to("relay"), out=wrong_size)
+    assert torch.equal(wrong_size.cpu(), torch.where(cond, x, y))
+    with pytest.raises(RuntimeError, match=r"size of tensor a \(4\) must match .* \(5\)"):
+        torch.where(cond.to("relay"), x.to("relay"), torch.zeros(5, device="relay"), out=wrong_size)
+    served = torch_fallback.metrics()["aten::where.self_out"]
+    assert served.calls == 2 and served.calls_unboxed == 0
 
 
 ITEM_DTYPES = [

@@ -6,6 +6,7 @@
 
 #include "metrics.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -276,6 +277,22 @@ at::Tensor DirectCall::to_backend(const at::Tensor& result) {
 
 void DirectCall::add_context(c10::Error& error) const {
   add_target_context(error, rules_, target_);
+}
+
+std::optional<c10::DimVector> broadcast_shape(std::initializer_list<c10::IntArrayRef> sizes) {
+  size_t dims = 0;
+  for (c10::IntArrayRef shape : sizes) dims = std::max(dims, shape.size());
+  c10::DimVector result(dims, 1);
+  for (c10::IntArrayRef shape : sizes) {
+    const size_t skipped = dims - shape.size();  // leading dimensions of size 1
+    for (size_t i = 0; i < shape.size(); ++i) {
+      int64_t& size = result[skipped + i];
+      if (shape[i] == size || shape[i] == 1) continue;
+      if (size != 1) return std::nullopt;
+      size = shape[i];
+    }
+  }
+  return result;
 }
 
 int64_t arange_size(const c10::Scalar& start, const c10::Scalar& end, const c10::Scalar& step,

@@ -102,9 +102,10 @@ std::unique_ptr<OpRules> make_rules(const c10::OperatorHandle& op) {
   // A DirectCall checks CPU tensors among the arguments by their values. Its
   // views are the backend's memory, so hidden writes (batch norm's running
   // statistics) land there as they do in eager.
-  // arange's kernel (ArangeKernel) sizes its output before, so that the target
-  // kernel resizes nothing.
-  const bool sized_by_kernel = rules->full_name == "aten::arange.start_out";
+  // The kernels of arange's and where's out= forms (ArangeKernel, WhereOutKernel)
+  // size their output before, so that the target kernel resizes nothing.
+  const bool sized_by_kernel =
+      rules->full_name == "aten::arange.start_out" || rules->full_name == "aten::where.self_out";
   rules->runs_direct = (rules->resizable_arguments.empty() || sized_by_kernel) &&
                        rules->generator_arguments.empty() && rules->layout_arguments.empty() &&
                        !takes_a_device && !rules->returns_a_view &&

@@ -9,7 +9,7 @@ namespace torch_fallback {
 
 // Everything torch-fallback can give a backend besides the fallback itself,
 // for TORCH_LIBRARY_IMPL(aten, <key>, m): the views, _copy_from and
-// _copy_from_and_resize, arange, the ops run whole, unboxed kernels for the functional
+// _copy_from_and_resize, arange, where's out= form, the ops run whole, unboxed kernels for the functional
 // and in-place ops a training step calls most (DirectKernel), batch norm on cuDNN where
 // eager CUDA would take it, and (for PrivateUse1) the choice of the fused
 // attention kernel, and device moves that keep parameters (register_device_moves).
@@ -35,6 +35,9 @@ void register_kernels(torch::Library& aten) {
   }
   if (!detail::has_kernel("arange.start_out", device_type)) {
     aten.impl("arange.start_out", TORCH_FN(detail::ArangeKernel<Adapter>::call));
+  }
+  if (!detail::has_kernel("where.self_out", device_type)) {
+    aten.impl("where.self_out", TORCH_FN(detail::WhereOutKernel<Adapter>::call));
   }
   // The functional ops a training step calls most, run unboxed where they can be.
   namespace ops = at::_ops;

@@ -109,9 +109,12 @@
 #include <ATen/ops/where_ops.h>
 #include <ATen/ops/zero_ops.h>
 #include <ATen/core/boxing/impl/boxing.h>
+#include <c10/util/DimVector.h>
 #include <c10/util/SmallVector.h>
 
 #include <array>
+#include <initializer_list>
+#include <optional>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -437,6 +440,15 @@ void register_direct_kernels(torch::Library& aten) {
   (register_direct_kernel<Adapter, Ops>(aten), ...);
 }
 
+// `Op` served by the boxed fallback: a call its unboxed kernel leaves to it.
+template <const BackendAdapter& (*Adapter)(), typename Op, typename... Args>
+void run_boxed(const Args&... args) {
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
+  torch::jit::Stack stack{c10::IValue(args)...};
+  boxed_fallback(Adapter(), op, &stack);
+}
+
 // arange.start_out, which torch.arange(..., device=<backend>) calls on an empty
 // tensor. Where the size the target kernel will compute is known (arange_size),
 // the output is sized on the backend first, so that the target kernel writes it
@@ -462,10 +474,31 @@ struct ArangeKernel {
         out.resize_(given);
       }
     }
-    static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(
-        at::_ops::arange_start_out::name, at::_ops::arange_start_out::overload_name);
-    torch::jit::Stack stack{start, end, step, out};
-    boxed_fallback(Adapter(), op, &stack);
+    run_boxed<Adapter, at::_ops::arange_start_out>(start, end, step, out);
+    return out;
+  }
+};
+
+// The shape `sizes` broadcast to, or nullopt where they do not broadcast.
+TORCH_FALLBACK_API std::optional<c10::DimVector> broadcast_shape(
+    std::initializer_list<c10::IntArrayRef> sizes);
+
+// where.self_out, which the math attention's _safe_softmax calls to write its
+// output in place. An output of the broadcast shape, or an empty one (sized on
+// the backend first, as the target kernel would size it), is written unboxed
+// through a view; any other (which the kernel resizes with a warning) and
+// arguments that do not broadcast are served boxed, as eager serves them.
+template <const BackendAdapter& (*Adapter)()>
+struct WhereOutKernel {
+  static at::Tensor& call(const at::Tensor& condition, const at::Tensor& self,
+                          const at::Tensor& other, at::Tensor& out) {
+    const auto shape = broadcast_shape({condition.sizes(), self.sizes(), other.sizes()});
+    if (shape && out.device().type() == Adapter().device_type &&
+        (out.numel() == 0 || out.sizes() == c10::IntArrayRef(*shape))) {
+      if (out.sizes() != c10::IntArrayRef(*shape)) out.resize_(*shape);
+      return DirectKernel<Adapter, at::_ops::where_self_out>::call(condition, self, other, out);
+    }
+    run_boxed<Adapter, at::_ops::where_self_out>(condition, self, other, out);
     return out;
   }
 };
