@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from checks import assert_same, run_both, served_unboxed
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import torch_fallback
 import torch_fallback.relay
@@ -248,6 +249,24 @@ def test_where_into_an_output_matches_eager_unboxed_where_relay_memory_is(placem
     served = torch_fallback.metrics()["aten::where.self_out"]
     assert served.calls == 5
     assert served.calls_unboxed == (5 if served_unboxed(placement) else 0)
+
+
+def test_the_math_attention_makes_no_boxed_call(placement):
+    """Where no fused kernel serves the attention (float32 with a mask on CUDA, or
+    chosen), its math path runs on relay's tensors: every op of it unboxed."""
+    q, k, v = (torch.randn(2, 2, 4, 8) for _ in range(3))
+    mask = torch.ones(4, 4, dtype=torch.bool).tril()
+    mask[0] = False  # a row masked out whole: _safe_softmax gives it zeros
+
+    def attention(on):
+        with sdpa_kernel(SDPBackend.MATH):
+            return F.scaled_dot_product_attention(on(q), on(k), on(v), attn_mask=on(mask))
+
+    actual, expected = run_both(attention)
+    assert_same(actual, expected)
+    assert unboxed("aten::where.self_out") == (1 if served_unboxed(placement) else 0)
+    if served_unboxed(placement):
+        assert boxed_calls() == {}
 
 
 def test_where_into_an_output_of_another_size_keeps_eagers_rules(placement):
