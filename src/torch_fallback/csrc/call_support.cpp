@@ -89,15 +89,6 @@ at::Tensor adopt_home_tensor(const BackendAdapter& backend, const at::Tensor& ho
   return result;
 }
 
-// The target an op runs on before its kernels are looked at: the CPU op list,
-// then the target setting; 'auto' takes the GPU where the op has a kernel there.
-Target wanted_target(const OpRules& rules, bool nested) {
-  const Target wanted = rules.forced_to_cpu() ? Target::Cpu : target();
-  if (wanted != Target::Auto) return wanted;
-  const bool has_cuda_kernel = nested ? rules.has_nested_cuda_kernel : rules.has_cuda_kernel;
-  return cuda::device_count() > 0 && has_cuda_kernel ? Target::Cuda : Target::Cpu;
-}
-
 std::string device_type_name(c10::DeviceType type) {
   return c10::DeviceTypeName(type, /*lower_case=*/true);
 }
@@ -114,29 +105,23 @@ c10::DeviceIndex backend_device_index(const BackendAdapter& backend,
   return c10::impl::getDeviceGuardImpl(backend.device_type)->getDevice().index();
 }
 
-// Results a backend tensor cannot be: sparse, quantized and other non-strided ones.
-void check_servable_result(const OpRules& rules, c10::DeviceType backend, const at::Tensor& result) {
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      result.layout() == c10::kStrided && !result.is_quantized(), "torch_fallback: ",
-      rules.full_name, " returned a ", result.is_quantized() ? "quantized" : "non-strided",
-      " tensor (", result.toString(), "), which ", device_type_name(backend),
-      " tensors cannot be. Run it on CPU or CUDA tensors instead.");
+void throw_unservable_result(const OpRules& rules, c10::DeviceType backend,
+                             const at::Tensor& result) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "torch_fallback: ", rules.full_name, " returned a ",
+                              result.is_quantized() ? "quantized" : "non-strided", " tensor (",
+                              result.toString(), "), which ", device_type_name(backend),
+                              " tensors cannot be. Run it on CPU or CUDA tensors instead.");
 }
 
-// The backend tensor holding a result on its home device (a zero tensor, which
-// has no memory, gets some there).
-at::Tensor adopt_result(const BackendAdapter& backend, const at::Tensor& result, c10::Device home,
-                        c10::DeviceIndex index) {
-  if (result._is_zerotensor()) {
-    return adopt_home_tensor(backend, at::zeros(result.sizes(), result.options().device(home)),
-                             index);
-  }
-  return adopt_home_tensor(backend, result, index);
+at::Tensor adopt_zero_tensor(const BackendAdapter& backend, const at::Tensor& result,
+                             c10::Device home, c10::DeviceIndex index) {
+  return adopt_home_tensor(backend, at::zeros(result.sizes(), result.options().device(home)),
+                           index);
 }
 
-at::Tensor tensor_over(const c10::Storage& storage, c10::Device device, const at::Tensor& like) {
+at::Tensor tensor_over(c10::Storage storage, c10::Device device, const at::Tensor& like) {
   const auto key = c10::computeDispatchKey(std::nullopt, c10::kStrided, device);
-  auto tensor = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage),
+  auto tensor = at::detail::make_tensor<c10::TensorImpl>(std::move(storage),
                                                          c10::DispatchKeySet(key), like.dtype());
   take_geometry(tensor.unsafeGetTensorImpl(), like);
   return tensor;
@@ -163,7 +148,7 @@ at::Tensor backend_tensor_over(c10::Storage storage, const at::Tensor& home_tens
         impl, device, plain_backend_keys(device.type(), impl->is_inference()));
     return home_tensor;
   }
-  return tensor_over(storage, device, home_tensor);
+  return tensor_over(std::move(storage), device, home_tensor);
 }
 
 at::Tensor home_view(const BackendAdapter& backend, const at::Tensor& tensor) {

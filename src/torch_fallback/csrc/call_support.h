@@ -77,15 +77,25 @@ struct TensorImplAccess : c10::TensorImpl {
   }
   // Sizes, strides, offset, dtype and their computed flags, between plain
   // impls; the device and the dispatch keys stay `to`'s.
+  // The sizes and strides, the offset, the element count and the layout flags
+  // computed from them: what copy_generic_tensor_metadata copies of a plain
+  // impl, without its dtype, device, policies and ExtraMeta (a third of a view's
+  // cost where shapes change from call to call). A view is a tensor, never a
+  // Python number, whatever it views (as set_sizes_and_strides leaves it).
   static void copy_geometry(const c10::TensorImpl& from, c10::TensorImpl* to) {
-    const std::optional<c10::Device> device = to->*(&TensorImplAccess::device_opt_);
-    copy_generic_tensor_metadata(&from, to);
-    to->*(&TensorImplAccess::device_opt_) = device;
-    // Not every torch release's copy carries the element count.
+    to->*(&TensorImplAccess::sizes_and_strides_) = from.*(&TensorImplAccess::sizes_and_strides_);
+    to->*(&TensorImplAccess::storage_offset_) = from.*(&TensorImplAccess::storage_offset_);
     to->*(&TensorImplAccess::numel_) = from.*(&TensorImplAccess::numel_);
-    // A view is a tensor, never a Python number, whatever it views (as
-    // set_sizes_and_strides leaves it).
-    if (from.is_wrapped_number()) to->set_wrapped_number(false);
+    // Bit-fields have no member pointers: both impls are read as this type, which
+    // adds no member to TensorImpl.
+    const auto& source = static_cast<const TensorImplAccess&>(from);
+    auto& target = static_cast<TensorImplAccess&>(*to);
+    target.is_contiguous_ = source.is_contiguous_;
+    target.is_channels_last_ = source.is_channels_last_;
+    target.is_channels_last_contiguous_ = source.is_channels_last_contiguous_;
+    target.is_channels_last_3d_ = source.is_channels_last_3d_;
+    target.is_channels_last_3d_contiguous_ = source.is_channels_last_3d_contiguous_;
+    target.is_non_overlapping_and_dense_ = source.is_non_overlapping_and_dense_;
   }
   // Makes a plain CPU or CUDA impl (is_plain_and_unshared) a plain tensor of
   // `device` whose keys are `plain_keys` (plain_backend_keys), lazy bits kept:
@@ -141,7 +151,12 @@ at::Tensor adopt_home_tensor(const BackendAdapter& backend, const at::Tensor& ho
 
 // The target an op runs on before its kernels are looked at: the CPU op list,
 // then the target setting; 'auto' takes the GPU where the op has a kernel there.
-Target wanted_target(const OpRules& rules, bool nested);
+inline Target wanted_target(const OpRules& rules, bool nested) {
+  const Target wanted = rules.forced_to_cpu() ? Target::Cpu : target();
+  if (wanted != Target::Auto) return wanted;
+  const bool has_cuda_kernel = nested ? rules.has_nested_cuda_kernel : rules.has_cuda_kernel;
+  return cuda::device_count() > 0 && has_cuda_kernel ? Target::Cuda : Target::Cpu;
+}
 
 std::string device_type_name(c10::DeviceType type);
 
@@ -151,13 +166,28 @@ void add_target_context(c10::Error& error, const OpRules& rules, c10::Device tar
 c10::DeviceIndex backend_device_index(const BackendAdapter& backend,
                                       std::optional<c10::DeviceIndex> of_tensors);
 
+[[noreturn]] void throw_unservable_result(const OpRules& rules, c10::DeviceType backend,
+                                          const at::Tensor& result);
+
 // Results a backend tensor cannot be: sparse, quantized and other non-strided ones.
-void check_servable_result(const OpRules& rules, c10::DeviceType backend, const at::Tensor& result);
+inline void check_servable_result(const OpRules& rules, c10::DeviceType backend,
+                                  const at::Tensor& result) {
+  if (C10_UNLIKELY(result.layout() != c10::kStrided || result.is_quantized())) {
+    throw_unservable_result(rules, backend, result);
+  }
+}
+
+at::Tensor adopt_zero_tensor(const BackendAdapter& backend, const at::Tensor& result,
+                             c10::Device home, c10::DeviceIndex index);
 
 // The backend tensor holding a result on its home device (a zero tensor, which
 // has no memory, gets some there).
-at::Tensor adopt_result(const BackendAdapter& backend, const at::Tensor& result, c10::Device home,
-                        c10::DeviceIndex index);
+inline at::Tensor adopt_result(const BackendAdapter& backend, const at::Tensor& result,
+                               c10::Device home, c10::DeviceIndex index) {
+  if (C10_UNLIKELY(result._is_zerotensor())) return adopt_zero_tensor(backend, result, home, index);
+  if (backend.adopt != nullptr) return backend.adopt(result, index);
+  return adopt_home_tensor(backend, result, index);
+}
 
 // Copies of the backend storages an op reads, made once per storage so that
 // arguments which alias each other on the backend alias each other on the target.
@@ -274,12 +304,12 @@ class TargetImplPool {
   bool for_inference_mode() const { return inference_; }
 
   // A CPU or CUDA tensor over `storage` with the geometry of `like` (tensor_over's).
-  at::Tensor take(const c10::Storage& storage, c10::Device device, const at::Tensor& like) {
+  at::Tensor take(c10::Storage storage, c10::Device device, const at::Tensor& like) {
     auto& parked = device.is_cuda() ? cuda_ : cpu_;
-    if (parked.empty()) return tensor_over(storage, device, like);
+    if (parked.empty()) return tensor_over(std::move(storage), device, like);
     Impl impl = std::move(parked.back());
     parked.pop_back();
-    impl->set_storage_and_dtype(storage, like.dtype());
+    impl->set_storage_and_dtype(std::move(storage), like.dtype());
     take_geometry(impl.get(), like);
     return at::Tensor(std::move(impl));
   }
@@ -381,9 +411,10 @@ using detail::KeptTargetView;
 using detail::TargetImplPool;
 
 // tensor_over's tensor, set up from `pool`'s TensorImpls where there is a pool.
-inline at::Tensor pooled_tensor_over(TargetImplPool* pool, const c10::Storage& storage,
-                              c10::Device device, const at::Tensor& like) {
-  return pool != nullptr ? pool->take(storage, device, like) : tensor_over(storage, device, like);
+inline at::Tensor pooled_tensor_over(TargetImplPool* pool, c10::Storage storage,
+                                     c10::Device device, const at::Tensor& like) {
+  return pool != nullptr ? pool->take(std::move(storage), device, like)
+                         : tensor_over(std::move(storage), device, like);
 }
 
 }  // namespace torch_fallback

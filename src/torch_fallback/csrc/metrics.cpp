@@ -18,12 +18,6 @@ std::unordered_map<std::string, std::unique_ptr<Counters>> g_counters;
 
 constexpr auto kRelaxed = std::memory_order_relaxed;
 
-uint64_t steady_ns() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
-}
-
 bool invariant_tsc() {
 #if defined(__x86_64__)
   unsigned int eax = 0, ebx = 0, ecx = 0, edx = 0;
@@ -35,14 +29,23 @@ bool invariant_tsc() {
 #endif
 }
 
-const bool g_use_tsc = invariant_tsc();
+}  // namespace
 
-uint64_t read_ticks() {
-#if defined(__x86_64__)
-  if (g_use_tsc) return __rdtsc();
-#endif
-  return steady_ns();
+namespace detail {
+
+uint64_t steady_ns() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
 }
+
+const bool use_tsc = invariant_tsc();
+
+}  // namespace detail
+
+namespace {
+
+using detail::steady_ns;
 
 // Where ticks and nanoseconds were when the library loaded: the ratio of both
 // since then converts ticks, measured over the process's life so far.
@@ -50,18 +53,16 @@ struct Origin {
   uint64_t ticks;
   uint64_t ns;
 };
-const Origin g_origin{read_ticks(), steady_ns()};
+const Origin g_origin{ticks(), steady_ns()};
 
 double ns_per_tick() {
-  if (!g_use_tsc) return 1.0;
+  if (!detail::use_tsc) return 1.0;
   const uint64_t ns = steady_ns() - g_origin.ns;
-  const uint64_t ticks = read_ticks() - g_origin.ticks;
-  return ticks == 0 ? 1.0 : static_cast<double>(ns) / static_cast<double>(ticks);
+  const uint64_t elapsed = ticks() - g_origin.ticks;
+  return elapsed == 0 ? 1.0 : static_cast<double>(ns) / static_cast<double>(elapsed);
 }
 
 }  // namespace
-
-uint64_t ticks() { return read_ticks(); }
 
 Counters* counters_for(const std::string& op) {
   std::lock_guard<std::mutex> lock(g_mutex);

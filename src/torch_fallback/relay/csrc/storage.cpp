@@ -85,6 +85,54 @@ c10::DataPtr relay_data_ptr(c10::Storage home, c10::DeviceIndex index) {
   return {data, home.unsafeReleaseStorageImpl(), kReleaseHome[index], relay_device(index)};
 }
 
+// The relay storage of an op's result: one per result of every call. Each
+// thread keeps the memory of those it freed for its next ones: in a model's
+// forward, which allocates hundreds of objects between two frees, a malloc and
+// a free cost more than the rest of the adoption.
+class AdoptedStorage final : public c10::StorageImpl {
+ public:
+  using c10::StorageImpl::StorageImpl;
+  static void* operator new(size_t size);
+  static void operator delete(void* block);
+};
+
+// Trivially constructed and destroyed, so that it is usable whenever a storage
+// dies, even after this thread's destructors ran (then it stops keeping memory).
+struct FreedBlocks {
+  static constexpr int kCapacity = 256;
+  void* blocks[kCapacity];
+  int count;
+  bool closing;
+};
+thread_local FreedBlocks t_freed{};
+
+// Returns a thread's kept blocks to the heap when the thread ends.
+struct FreedBlocksRelease {
+  FreedBlocks* freed = nullptr;
+  ~FreedBlocksRelease() {
+    if (freed == nullptr) return;
+    freed->closing = true;
+    while (freed->count > 0) ::operator delete(freed->blocks[--freed->count]);
+  }
+};
+thread_local FreedBlocksRelease t_freed_release;
+
+void* AdoptedStorage::operator new(size_t size) {
+  FreedBlocks& freed = t_freed;
+  if (size == sizeof(AdoptedStorage) && freed.count > 0) return freed.blocks[--freed.count];
+  return ::operator new(size);
+}
+
+void AdoptedStorage::operator delete(void* block) {
+  FreedBlocks& freed = t_freed;
+  if (freed.closing || freed.count == FreedBlocks::kCapacity) {
+    ::operator delete(block);
+    return;
+  }
+  if (freed.count == 0) t_freed_release.freed = &freed;
+  freed.blocks[freed.count++] = block;
+}
+
 c10::Storage storage_from(c10::Allocator* allocator, size_t nbytes) {
   return c10::Storage(c10::Storage::use_byte_size_t(), nbytes, allocator->allocate(nbytes),
                       allocator, /*resizable=*/false);
@@ -186,9 +234,12 @@ Home home_of(const c10::Storage& storage) {
 }
 
 c10::Device home_device(const c10::Storage& storage) {
-  if (home_of(storage) == Home::Host) return c10::Device(c10::kCPU);
-  return c10::Device(c10::kCUDA, storage.device().index());
+  const c10::StorageImpl* home = home_impl_of(storage);  // relay's own memory, told at once
+  const bool on_cuda = home != nullptr ? home->device().is_cuda() : home_of(storage) == Home::Cuda;
+  return on_cuda ? c10::Device(c10::kCUDA, storage.device().index()) : c10::Device(c10::kCPU);
 }
+
+namespace {
 
 // The StorageImpl a relay DataPtr keeps, while it still holds the relay storage's bytes.
 c10::StorageImpl* kept_home(const c10::Storage& storage) {
@@ -199,9 +250,11 @@ c10::StorageImpl* kept_home(const c10::Storage& storage) {
   return home;
 }
 
+}  // namespace
+
 c10::Storage home_storage(const c10::Storage& storage) {
   c10::StorageImpl* kept = kept_home(storage);
-  if (kept == nullptr) {
+  if (C10_UNLIKELY(kept == nullptr)) {
     const c10::Device device = home_device(storage);  // gives a lazy clone memory of its own
     kept = kept_home(storage);
     if (kept == nullptr) {
@@ -226,8 +279,9 @@ at::Tensor adopt(const at::Tensor& home_tensor, c10::DeviceIndex index) {
   // The fallback runs later ops on this storage in place (the relay DataPtr keeps it);
   // a kernel must never give it new memory, which the relay storage would not see.
   source.unsafeGetStorageImpl()->set_resizable(false);
-  c10::Storage storage(c10::Storage::use_byte_size_t(), source.nbytes(),
-                       relay_data_ptr(source, index), allocator(), /*resizable=*/true);
+  c10::Storage storage(c10::make_intrusive<AdoptedStorage>(
+      c10::StorageImpl::use_byte_size_t(), source.nbytes(), relay_data_ptr(source, index),
+      allocator(), /*resizable=*/true));
   return backend_tensor_over(std::move(storage), home_tensor);
 }
 

@@ -322,7 +322,7 @@ class TORCH_FALLBACK_API DirectCall {
   }
   // After the kernel: waits for it if the settings ask so, and counts its writes.
   void kernel_done() const;
-  const c10::Storage* home_in_call(c10::StorageImpl* backend_storage) const;
+  c10::StorageImpl* home_in_call(c10::StorageImpl* backend_storage) const;
   at::Tensor view_of(const at::Tensor& tensor);
   // The view kept with `tensor` for later calls, if it still matches; else a new
   // one, kept where the tensor has a kept view already or `add` says to give it one.
@@ -344,9 +344,11 @@ class TORCH_FALLBACK_API DirectCall {
   c10::DispatchKeySet target_keys_{c10::DispatchKey::CPU};
   TargetImplPool* pool_ = nullptr;  // this thread's, where target tensors may be reused
   // The target storage of each backend storage, once per call: tensors that
-  // share memory on the backend share it on the target, as kernels' overlap checks expect.
-  c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 4> homes_;
-  c10::SmallVector<at::Tensor, 4> views_;  // sized in start(): references to them stay valid
+  // share memory on the backend share it on the target, as kernels' overlap checks
+  // expect. The first view of each (in views_ or view_lists_) holds it until the call ends.
+  c10::SmallVector<std::pair<c10::StorageImpl*, c10::StorageImpl*>, 8> homes_;
+  // Sized in start(): references to them stay valid. Batch norm has five tensors.
+  c10::SmallVector<at::Tensor, 8> views_;
   c10::SmallVector<std::vector<at::Tensor>, 1> view_lists_;
   WrittenVersions written_versions_;
 };
