@@ -201,9 +201,11 @@ inline c10::Storage empty_storage(c10::Device device) {
                       /*allocator=*/nullptr, /*resizable=*/false);
 }
 
-// The dispatch keys of a CPU or CUDA TensorImpl as tensor_over makes it, lazy bits
-// aside: with autograd's keys, or without them where it is made in inference mode.
-inline c10::DispatchKeySet plain_keys(bool cuda, bool inference) {
+// The dispatch keys of CPU and CUDA TensorImpls as tensor_over makes them, lazy
+// bits aside, [cuda][inference]: with autograd's keys, or without them where
+// made in inference mode.
+using PlainKeySets = std::array<std::array<c10::DispatchKeySet, 2>, 2>;
+inline const PlainKeySets& plain_key_sets() {
   const auto keys_on = [](c10::Device device, c10::DispatchKey key, bool inference) {
     // In the mode asked for, whichever mode the first call comes in.
     const c10::InferenceMode mode(inference);
@@ -212,12 +214,12 @@ inline c10::DispatchKeySet plain_keys(bool cuda, bool inference) {
                                                     caffe2::TypeMeta::Make<float>())
         .key_set();
   };
-  static const c10::DispatchKeySet keys[2][2] = {
-      {keys_on(c10::Device(c10::kCPU), c10::DispatchKey::CPU, false),
-       keys_on(c10::Device(c10::kCPU), c10::DispatchKey::CPU, true)},
-      {keys_on(c10::Device(c10::kCUDA, 0), c10::DispatchKey::CUDA, false),
-       keys_on(c10::Device(c10::kCUDA, 0), c10::DispatchKey::CUDA, true)}};
-  return keys[cuda][inference];
+  static const PlainKeySets keys{
+      {{keys_on(c10::Device(c10::kCPU), c10::DispatchKey::CPU, false),
+        keys_on(c10::Device(c10::kCPU), c10::DispatchKey::CPU, true)},
+       {keys_on(c10::Device(c10::kCUDA, 0), c10::DispatchKey::CUDA, false),
+        keys_on(c10::Device(c10::kCUDA, 0), c10::DispatchKey::CUDA, true)}}};
+  return keys;
 }
 
 // The dispatch keys of a plain tensor of backend `type`, as the TensorImpl
@@ -254,11 +256,14 @@ inline bool python_modes_may_be_set() {
 inline bool is_plain_and_unshared(const at::Tensor& tensor) {
   if (!tensor.defined() || tensor.use_count() != 1 || tensor.weak_use_count() != 1) return false;
   c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
-  if (!impl->is_cpu() && !impl->is_cuda()) return false;
-  // The key set tells a plain TensorImpl from its subclasses (nested, sparse, ...).
-  return impl->key_set().remove(c10::DispatchKey::Conjugate).remove(c10::DispatchKey::Negative) ==
-             plain_keys(impl->is_cuda(), impl->is_inference()) &&
-         impl->autograd_meta() == nullptr && impl->get_backend_meta() == nullptr &&
+  // The key set tells a plain CPU or CUDA TensorImpl, of either mode, from its
+  // subclasses (nested, sparse, ...) and from other devices' tensors.
+  const c10::DispatchKeySet keys =
+      impl->key_set().remove(c10::DispatchKey::Conjugate).remove(c10::DispatchKey::Negative);
+  const PlainKeySets& known = plain_key_sets();
+  const bool plain = keys == known[0][0] || keys == known[0][1] || keys == known[1][0] ||
+                     keys == known[1][1];
+  return plain && impl->autograd_meta() == nullptr && impl->get_backend_meta() == nullptr &&
          !impl->is_wrapped_number() && impl->allow_tensor_metadata_change();
 }
 
@@ -329,7 +334,15 @@ class TargetImplPool {
  private:
   static constexpr size_t kCapacity = 1024;
 
+  // A plain pointer, read with one TLS lookup per call: the pools themselves
+  // would need a second, for the guard of their construction.
   static std::array<TargetImplPool, 2>& this_thread() {
+    thread_local std::array<TargetImplPool, 2>* pools = nullptr;
+    if (C10_UNLIKELY(pools == nullptr)) pools = &make_this_threads();
+    return *pools;
+  }
+
+  C10_NOINLINE static std::array<TargetImplPool, 2>& make_this_threads() {
     thread_local std::array<TargetImplPool, 2> pools{TargetImplPool(false), TargetImplPool(true)};
     return pools;
   }

@@ -102,7 +102,8 @@ struct FreedBlocks {
   static constexpr int kCapacity = 256;
   void* blocks[kCapacity];
   int count;
-  bool closing;
+  bool released_at_exit;  // FreedBlocksRelease will give the blocks back
+  bool closing;           // it has: the thread is ending
 };
 thread_local FreedBlocks t_freed{};
 
@@ -110,12 +111,10 @@ thread_local FreedBlocks t_freed{};
 struct FreedBlocksRelease {
   FreedBlocks* freed = nullptr;
   ~FreedBlocksRelease() {
-    if (freed == nullptr) return;
     freed->closing = true;
     while (freed->count > 0) ::operator delete(freed->blocks[--freed->count]);
   }
 };
-thread_local FreedBlocksRelease t_freed_release;
 
 void* AdoptedStorage::operator new(size_t size) {
   FreedBlocks& freed = t_freed;
@@ -123,14 +122,28 @@ void* AdoptedStorage::operator new(size_t size) {
   return ::operator new(size);
 }
 
-void AdoptedStorage::operator delete(void* block) {
-  FreedBlocks& freed = t_freed;
+// A thread's first block, and any once it ends or keeps enough.
+C10_NOINLINE void keep_or_free(FreedBlocks& freed, void* block) {
+  if (!freed.released_at_exit && !freed.closing) {
+    thread_local FreedBlocksRelease release;
+    release.freed = &freed;
+    freed.released_at_exit = true;
+  }
   if (freed.closing || freed.count == FreedBlocks::kCapacity) {
     ::operator delete(block);
     return;
   }
-  if (freed.count == 0) t_freed_release.freed = &freed;
   freed.blocks[freed.count++] = block;
+}
+
+void AdoptedStorage::operator delete(void* block) {
+  FreedBlocks& freed = t_freed;
+  if (C10_LIKELY(freed.released_at_exit && !freed.closing &&
+                 freed.count < FreedBlocks::kCapacity)) {
+    freed.blocks[freed.count++] = block;
+    return;
+  }
+  keep_or_free(freed, block);
 }
 
 c10::Storage storage_from(c10::Allocator* allocator, size_t nbytes) {
