@@ -58,14 +58,17 @@ def flag_readers(on, x: torch.Tensor) -> list[torch.Tensor]:
 def test_each_call_sees_its_tensors_geometry_after_calls_of_others(placement):
     # Every order of the geometries, so that each pooled impl held every other
     # geometry (and flag set) before.
+    # Eager runs on the target: a GPU's convolution (TF32) differs from the CPU's.
     shapes = layouts()
     for rotation in range(len(shapes)):
         for name, x in shapes[rotation:] + shapes[:rotation]:
-            actual, expected = run_both(lambda on, x=x: flag_readers(on, x))
-            assert_same(actual, expected)
-            target = eager_on_target(placement)
-            on_target = flag_readers(target, x)
+            actual = flag_readers(lambda t: t.to("relay"), x)
+            on_target = flag_readers(eager_on_target(placement), x)
             for a, e in zip(actual, on_target, strict=True):
+                assert a.device.type == "relay"
+                torch.testing.assert_close(
+                    a.cpu(), e.cpu(), msg=lambda m, name=name: f"{name}: {m}"
+                )
                 assert a.stride() == e.stride(), f"{name}: strides {a.stride()}, eager {e.stride()}"
                 for fmt in (torch.contiguous_format, torch.channels_last):
                     if a.dim() == 4:
