@@ -58,8 +58,7 @@ c10::Storage resizable_alias(const c10::Storage& backend, const c10::Storage& ho
                       c10::GetAllocator(device.type()), /*resizable=*/true);
 }
 
-c10::Storage home_storage_of(const BackendAdapter& backend, const c10::Storage& storage) {
-  if (backend.begin_access == nullptr) return backend.home_storage(storage);
+c10::Storage home_storage_in_access(const BackendAdapter& backend, const c10::Storage& storage) {
   backend.begin_access(storage);
   auto access = std::make_unique<OpenAccess>(OpenAccess{&backend, storage, c10::Storage()});
   try {
@@ -143,7 +142,7 @@ at::Tensor backend_tensor_over(c10::Storage storage, const at::Tensor& home_tens
   const c10::Device device = storage.device();
   if (is_plain_and_unshared(home_tensor) && !python_modes_may_be_set()) {
     c10::TensorImpl* impl = home_tensor.unsafeGetTensorImpl();
-    impl->set_storage_keep_dtype(std::move(storage));
+    TensorImplAccess::set_storage(impl, std::move(storage), device, impl->dtype());
     TensorImplAccess::become_plain_tensor_of(
         impl, device, plain_backend_keys(device.type(), impl->is_inference()));
     return home_tensor;

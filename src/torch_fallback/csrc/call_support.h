@@ -109,9 +109,17 @@ struct TensorImplAccess : c10::TensorImpl {
     impl->*(&TensorImplAccess::device_opt_) = device;
   }
   // Lets go of `impl`'s storage without giving it another: for an impl that
-  // waits unused until set_storage_and_dtype gives it one.
+  // waits unused until set_storage gives it one.
   static void drop_storage(c10::TensorImpl* impl) {
     impl->*(&TensorImplAccess::storage_) = c10::Storage();
+  }
+  // set_storage_and_dtype, for an impl whose metadata may change (is_plain_and_unshared
+  // says so): without the check, which the compiler keeps out of line with its message.
+  static void set_storage(c10::TensorImpl* impl, c10::Storage&& storage, c10::Device device,
+                          caffe2::TypeMeta dtype) {
+    impl->*(&TensorImplAccess::storage_) = std::move(storage);
+    impl->*(&TensorImplAccess::device_opt_) = device;
+    impl->*(&TensorImplAccess::data_type_) = dtype;
   }
 };
 
@@ -139,10 +147,15 @@ extern const std::thread::id g_loading_thread;
 // they are) alive; a resize gives it new memory and leaves both untouched.
 c10::Storage resizable_alias(const c10::Storage& backend, const c10::Storage& home);
 
+c10::Storage home_storage_in_access(const BackendAdapter& backend, const c10::Storage& storage);
+
 // backend.home_storage(storage), within an access to its bytes where the
 // backend locks them (BackendAdapter::begin_access): every home view the
 // library makes comes from here.
-c10::Storage home_storage_of(const BackendAdapter& backend, const c10::Storage& storage);
+inline c10::Storage home_storage_of(const BackendAdapter& backend, const c10::Storage& storage) {
+  if (backend.begin_access == nullptr) return backend.home_storage(storage);
+  return home_storage_in_access(backend, storage);
+}
 
 // A backend tensor on device `index` holding a home tensor's values: adopted
 // where the backend adopts memory, else copied into memory it allocates.
@@ -314,7 +327,7 @@ class TargetImplPool {
     if (parked.empty()) return tensor_over(std::move(storage), device, like);
     Impl impl = std::move(parked.back());
     parked.pop_back();
-    impl->set_storage_and_dtype(std::move(storage), like.dtype());
+    TensorImplAccess::set_storage(impl.get(), std::move(storage), device, like.dtype());
     take_geometry(impl.get(), like);
     return at::Tensor(std::move(impl));
   }

@@ -64,7 +64,7 @@ void release_backend_storage(void* ctx) { delete static_cast<c10::Storage*>(ctx)
 
 // The StorageImpl a relay storage's memory lives in, or nullptr for memory
 // relay did not allocate.
-c10::StorageImpl* home_impl_of(const c10::Storage& storage) {
+C10_ALWAYS_INLINE c10::StorageImpl* home_impl_of(const c10::Storage& storage) {
   const c10::DataPtr& data = storage.data_ptr();
   const c10::DeviceIndex index = data.device().index();
   if (index < 0 || index >= kMaxDevices || data.get_deleter() != kReleaseHome[index]) {
@@ -255,7 +255,7 @@ c10::Device home_device(const c10::Storage& storage) {
 namespace {
 
 // The StorageImpl a relay DataPtr keeps, while it still holds the relay storage's bytes.
-c10::StorageImpl* kept_home(const c10::Storage& storage) {
+C10_ALWAYS_INLINE c10::StorageImpl* kept_home(const c10::Storage& storage) {
   c10::StorageImpl* home = home_impl_of(storage);
   if (home == nullptr || home->data() != storage.data() || home->nbytes() != storage.nbytes()) {
     return nullptr;
