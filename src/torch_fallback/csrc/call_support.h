@@ -58,25 +58,6 @@ struct TensorImplAccess : c10::TensorImpl {
     return impl.*(&TensorImplAccess::extra_meta_) == nullptr &&
            !(impl.*(&TensorImplAccess::matches_policy))(SizesStridesPolicy::CustomStrides);
   }
-  // same_geometry, read straight from the members of two plain impls.
-  static bool same_plain_geometry(const c10::TensorImpl& a, const c10::TensorImpl& b) {
-    const c10::impl::SizesAndStrides& x = a.*(&TensorImplAccess::sizes_and_strides_);
-    const c10::impl::SizesAndStrides& y = b.*(&TensorImplAccess::sizes_and_strides_);
-    if (a.*(&TensorImplAccess::storage_offset_) != b.*(&TensorImplAccess::storage_offset_) ||
-        x.size() != y.size()) {
-      return false;
-    }
-    const int64_t* x_sizes = x.sizes_data();
-    const int64_t* y_sizes = y.sizes_data();
-    const int64_t* x_strides = x.strides_data();
-    const int64_t* y_strides = y.strides_data();
-    for (size_t i = 0; i < x.size(); ++i) {
-      if (x_sizes[i] != y_sizes[i] || x_strides[i] != y_strides[i]) return false;
-    }
-    return true;
-  }
-  // Sizes, strides, offset, dtype and their computed flags, between plain
-  // impls; the device and the dispatch keys stay `to`'s.
   // The sizes and strides, the offset, the element count and the layout flags
   // computed from them: what copy_generic_tensor_metadata copies of a plain
   // impl, without its dtype, device, policies and ExtraMeta (a third of a view's
@@ -108,6 +89,13 @@ struct TensorImplAccess : c10::TensorImpl {
     keys = plain_keys | (keys & lazy_bits);
     impl->*(&TensorImplAccess::device_opt_) = device;
   }
+  // The conjugate and negative bits of `from`: set as _set_conj and _set_neg set them.
+  static void take_lazy_bits(const c10::TensorImpl& from, c10::TensorImpl* to) {
+    constexpr c10::DispatchKeySet lazy_bits(
+        {c10::DispatchKey::Conjugate, c10::DispatchKey::Negative});
+    c10::DispatchKeySet& keys = to->*(&TensorImplAccess::key_set_);
+    keys = (keys - lazy_bits) | (from.key_set() & lazy_bits);
+  }
   // Lets go of `impl`'s storage without giving it another: for an impl that
   // waits unused until set_storage gives it one.
   static void drop_storage(c10::TensorImpl* impl) {
@@ -126,18 +114,15 @@ struct TensorImplAccess : c10::TensorImpl {
 // Gives `impl` the geometry of `like`; lazy conjugation and negation travel as
 // bits, not data.
 inline void take_geometry(c10::TensorImpl* impl, const at::Tensor& like) {
-  // A TensorImpl from the pool often has it already (ops of one shape come in a
-  // row); its contiguity flags then still hold.
   const c10::TensorImpl& from = *like.unsafeGetTensorImpl();
+  // Copied whether or not the impl has it already: a pooled impl rarely has
+  // (one time in eight in a model's forward), and comparing costs a third of copying.
   if (TensorImplAccess::has_plain_geometry(from) && TensorImplAccess::has_plain_geometry(*impl)) {
-    if (!TensorImplAccess::same_plain_geometry(*impl, from)) {
-      TensorImplAccess::copy_geometry(from, impl);
-    }
+    TensorImplAccess::copy_geometry(from, impl);
   } else if (!same_geometry(*impl, from)) {
     impl->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
   }
-  impl->_set_conj(like.is_conj());
-  impl->_set_neg(like.is_neg());
+  TensorImplAccess::take_lazy_bits(from, impl);
 }
 
 // The thread that loads the library: the main thread, which imports it.
