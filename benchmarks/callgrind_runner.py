@@ -4,7 +4,8 @@ The child sets up (uninstrumented), calls `ready()`, which waits for the parent'
 the parent switches instrumentation on with callgrind_control; the child runs its loop,
 calls `done()` and waits until the parent has switched instrumentation off.
 `event_totals` reads the totals of the output file (Ir, and the cache and branch
-simulation's events when they were switched on).
+simulation's events when they were switched on); `event_totals_by_object` splits them
+by the shared object whose code ran.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
 
 CACHE_AND_BRANCHES = ("--cache-sim=yes", "--branch-sim=yes")
@@ -87,3 +89,29 @@ def event_totals(path: Path) -> dict[str, int]:
         elif line.startswith("totals:"):
             return dict(zip(events, map(int, line.split()[1:]), strict=True))
     raise ValueError(f"{path}: no totals line (did callgrind finish?)")
+
+
+def event_totals_by_object(path: Path) -> dict[str, dict[str, int]]:
+    """{shared object's path: {event: total}}: the cost of the code each object holds.
+    The line after a `calls=` line is a call's inclusive cost, which its callee's own
+    lines count already, so it is left out."""
+    events: list[str] = []
+    totals: dict[str, list[int]] = defaultdict(list)
+    obj = "?"
+    after_call = False
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith("events:"):
+            events = line.split()[1:]
+        elif line.startswith("ob="):
+            obj = line[3:].strip()
+        elif line.startswith("calls="):
+            after_call = True
+        elif line[:1].isdigit() or line[:1] in "+-*":
+            if after_call:
+                after_call = False
+                continue
+            costs = totals[obj] or [0] * len(events)
+            for index, value in enumerate(line.split()[1:]):
+                costs[index] += int(value)
+            totals[obj] = costs
+    return {obj: dict(zip(events, costs, strict=True)) for obj, costs in totals.items()}

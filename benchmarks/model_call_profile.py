@@ -15,8 +15,11 @@ torch.inference_mode.
 (a) callgrind with its cache and branch simulation, switched on only around --steps
     steps: instructions (Ir), L1 instruction and data read misses (I1mr, D1mr) and
     mispredicted branches, conditional and indirect (Bcm, Bim); per step and per
-    fallback call, relay minus native. The simulation has 32 KiB L1 caches and a last
-    level, no second level: a loop misses L1 as often, but not the second level.
+    fallback call, relay minus native; and the same for the fallback's own code alone
+    (OWN_OBJECTS), whose counts repeat from run to run where the interpreter's and the
+    heap's share does not. The simulation has L1 caches of the host's sizes (the output
+    files' `desc:` lines) and a last level, no second level: a loop misses L1 as often,
+    but not the second level.
 (b) time in one process: native, relay and a second native copy (the A/A control) take
     turns step by step, the order rotating; the median of the per-step ratios, and
     relay's added microseconds per step and per fallback call. The same process holds
@@ -42,6 +45,12 @@ import callgrind_runner
 import harness
 
 EVENTS = ("Ir", "I1mr", "D1mr", "Bcm", "Bim")
+# The fallback's own code: torch_fallback's and relay's libraries, the c10 functions they
+# call and the loader's thread-local lookups. Unlike the interpreter's and the heap's
+# share of relay's extra cost, which move by hundreds of instructions per call from run
+# to run, its counts repeat.
+OWN_OBJECTS = ("/torch_fallback/", "/libc10.so", "/ld-linux")
+OWN_EVENTS = ("Ir", "I1mr", "D1mr")
 LOOP = "add"  # a 1K-element add, the loop overhead_profile.py measures
 
 
@@ -155,7 +164,7 @@ def measure(workload: str, args: argparse.Namespace, workdir: Path) -> dict:
     if args.no_callgrind:
         return row
     steps = args.loop_steps if workload == LOOP else args.steps
-    events = {}
+    events, own = {}, {}
     for side in ("native", "relay"):
         print(f"callgrind: {workload}, {side} side, {steps} steps", file=sys.stderr)
         argv = ["--callgrind-child", f"--side={side}", f"--workload={workload}", f"--steps={steps}"]
@@ -164,11 +173,21 @@ def measure(workload: str, args: argparse.Namespace, workdir: Path) -> dict:
                                    callgrind_runner.CACHE_AND_BRANCHES)  # fmt: skip
         totals = callgrind_runner.event_totals(out)
         events[side] = {name: totals[name] / steps for name in EVENTS}
+        own[side] = own_totals(callgrind_runner.event_totals_by_object(out), steps)
     row["per_step"] = events
     row["added_per_call"] = {
         name: (events["relay"][name] - events["native"][name]) / calls for name in EVENTS
     }
+    row["own_added_per_call"] = {
+        name: (own["relay"][name] - own["native"][name]) / calls for name in OWN_EVENTS
+    }
     return row
+
+
+def own_totals(by_object: dict[str, dict[str, int]], steps: int) -> dict[str, float]:
+    """Per step, the events of the objects OWN_OBJECTS names."""
+    mine = [costs for obj, costs in by_object.items() if any(o in obj for o in OWN_OBJECTS)]
+    return {name: sum(costs.get(name, 0) for costs in mine) / steps for name in OWN_EVENTS}
 
 
 def render(result: dict) -> str:
@@ -212,6 +231,20 @@ def render(result: dict) -> str:
             f"{row['workload']:<10} {added} {row['per_step']['native']['Ir']:>15,.0f} "
             f"{row['per_step']['relay']['Ir']:>14,.0f}"
         )
+    rows = [r for r in rows if "own_added_per_call" in r]
+    if rows:
+        lines += [
+            "",
+            "the fallback's own code (torch_fallback and relay, the c10 functions they call, "
+            "the loader's thread-local lookups): per fallback call, relay minus native",
+        ]
+        head = f"{'workload':<10} " + " ".join(f"{name:>8}" for name in OWN_EVENTS)
+        lines += [head, "-" * len(head)]
+        for row in rows:
+            own = row["own_added_per_call"]
+            lines.append(
+                f"{row['workload']:<10} " + " ".join(f"{own[n]:>+8.0f}" for n in OWN_EVENTS)
+            )
     return "\n".join(lines)
 
 
