@@ -142,9 +142,8 @@ at::Tensor backend_tensor_over(c10::Storage storage, const at::Tensor& home_tens
   const c10::Device device = storage.device();
   if (is_plain_and_unshared(home_tensor) && !python_modes_may_be_set()) {
     c10::TensorImpl* impl = home_tensor.unsafeGetTensorImpl();
-    TensorImplAccess::set_storage(impl, std::move(storage), device, impl->dtype());
-    TensorImplAccess::become_plain_tensor_of(
-        impl, device, plain_backend_keys(device.type(), impl->is_inference()));
+    TensorImplAccess::become_plain_tensor_over(
+        impl, std::move(storage), plain_backend_keys(device.type(), impl->is_inference()));
     return home_tensor;
   }
   return tensor_over(std::move(storage), device, home_tensor);

@@ -78,23 +78,24 @@ struct TensorImplAccess : c10::TensorImpl {
     target.is_channels_last_3d_contiguous_ = source.is_channels_last_3d_contiguous_;
     target.is_non_overlapping_and_dense_ = source.is_non_overlapping_and_dense_;
   }
-  // Makes a plain CPU or CUDA impl (is_plain_and_unshared) a plain tensor of
-  // `device` whose keys are `plain_keys` (plain_backend_keys), lazy bits kept:
-  // what _change_backend_component_keys does, without working the keys out anew.
-  static void become_plain_tensor_of(c10::TensorImpl* impl, c10::Device device,
-                                     c10::DispatchKeySet plain_keys) {
-    constexpr c10::DispatchKeySet lazy_bits(
-        {c10::DispatchKey::Conjugate, c10::DispatchKey::Negative});
+  // Lazy conjugation and negation: bits of the key set, not data.
+  static constexpr c10::DispatchKeySet kLazyBits{
+      {c10::DispatchKey::Conjugate, c10::DispatchKey::Negative}};
+  // Makes a plain CPU or CUDA impl (is_plain_and_unshared) a plain tensor over
+  // `storage` (a backend's) whose keys are `plain_keys` (plain_backend_keys), lazy
+  // bits kept: what set_storage_keep_dtype and _change_backend_component_keys do,
+  // without working the keys out anew.
+  static void become_plain_tensor_over(c10::TensorImpl* impl, c10::Storage&& storage,
+                                       c10::DispatchKeySet plain_keys) {
+    impl->*(&TensorImplAccess::device_opt_) = storage.device();
+    impl->*(&TensorImplAccess::storage_) = std::move(storage);
     c10::DispatchKeySet& keys = impl->*(&TensorImplAccess::key_set_);
-    keys = plain_keys | (keys & lazy_bits);
-    impl->*(&TensorImplAccess::device_opt_) = device;
+    keys = plain_keys | (keys & kLazyBits);
   }
   // The conjugate and negative bits of `from`: set as _set_conj and _set_neg set them.
   static void take_lazy_bits(const c10::TensorImpl& from, c10::TensorImpl* to) {
-    constexpr c10::DispatchKeySet lazy_bits(
-        {c10::DispatchKey::Conjugate, c10::DispatchKey::Negative});
     c10::DispatchKeySet& keys = to->*(&TensorImplAccess::key_set_);
-    keys = (keys - lazy_bits) | (from.key_set() & lazy_bits);
+    keys = (keys - kLazyBits) | (from.key_set() & kLazyBits);
   }
   // Lets go of `impl`'s storage without giving it another: for an impl that
   // waits unused until set_storage gives it one.
@@ -420,6 +421,11 @@ class KeptTargetView final : public c10::BackendMeta {
 
 using detail::KeptTargetView;
 using detail::TargetImplPool;
+
+// One more reference to a storage a call holds already (by its raw pointer).
+inline c10::Storage storage_ref(c10::StorageImpl* storage) {
+  return c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage));
+}
 
 // tensor_over's tensor, set up from `pool`'s TensorImpls where there is a pool.
 inline at::Tensor pooled_tensor_over(TargetImplPool* pool, c10::Storage storage,

@@ -145,9 +145,7 @@ at::Tensor DirectCall::view_of(const at::Tensor& tensor) {
   c10::StorageImpl* backend_storage = tensor.storage().unsafeGetStorageImpl();
   c10::StorageImpl* home = home_in_call(backend_storage);
   if (home != nullptr) {
-    return pooled_tensor_over(
-        pool_, c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(home)), target_,
-        tensor);
+    return pooled_tensor_over(pool_, storage_ref(home), target_, tensor);
   }
   // The first view of a storage holds its home storage for the call.
   c10::Storage storage = home_storage_of(backend_, tensor.storage());
@@ -184,9 +182,7 @@ at::Tensor DirectCall::kept_view_of(const at::Tensor& tensor, bool add) {
   if (home == nullptr) {
     homes_.emplace_back(backend_storage, view->tensor.storage().unsafeGetStorageImpl());
   } else if (home != view->tensor.storage().unsafeGetStorageImpl()) {
-    return pooled_tensor_over(
-        pool_, c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(home)), target_,
-        tensor);
+    return pooled_tensor_over(pool_, storage_ref(home), target_, tensor);
   }
   return std::move(view->tensor);
 }
