@@ -17,6 +17,7 @@ round, and one pair per round left ratios whose quartiles spanned 0.8 to 1.6.
 adds each slice's figures.
 
     python benchmarks/zoo_bench.py --device cuda --rounds 16 --json zoo.json
+    python benchmarks/zoo_bench.py --device cuda --modes infer-fp32,infer-bf16 --rounds 16
     python benchmarks/zoo_bench.py --device cpu --models bert,gpt2 --rounds 4
 """
 
@@ -72,7 +73,7 @@ def side_main(args: argparse.Namespace) -> int:
         torch_fallback.relay.set_home(args.device)
     device = "relay" if args.side == "relay" else args.device
     zoo = load_zoo()
-    plan = [{"model": m, "mode": mode} for m in args.models for mode in MODES]
+    plan = [{"model": m, "mode": mode} for m in args.models for mode in args.modes]
     meta = {"side": args.side, "torch": torch.__version__}
     meta["backward_thread"] = "calling" if args.backward_on_calling_thread else "engine's"
     if args.device == "cuda":
@@ -216,6 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--models", default="", help="comma-separated zoo names (default: all)")
+    parser.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help=f"comma-separated, of {', '.join(MODES)} (default: all three)",
+    )
     parser.add_argument("--rounds", type=int, default=16)
     parser.add_argument(
         "--budget",
@@ -236,6 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.slices < 1:
         parser.error(f"--slices {args.slices}: a round needs at least one slice")
+    args.modes = args.modes.split(",")
+    unknown = [mode for mode in args.modes if mode not in MODES]
+    if unknown:
+        parser.error(f"--modes: unknown {', '.join(unknown)}; the modes are {', '.join(MODES)}")
     if not args.models:
         args.models = [entry.name for entry in load_zoo().ZOO]
         argv = [*argv, "--models", ",".join(args.models)]

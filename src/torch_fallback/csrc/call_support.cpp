@@ -160,7 +160,7 @@ void copy_between(const BackendAdapter& backend, const at::Tensor& src, const at
   TargetImplPool* const pool = TargetImplPool::for_this_call();
   const auto on_home = [&](const at::Tensor& tensor) {
     if (tensor.device().type() != backend.device_type) return tensor;
-    const c10::Storage& storage = tensor.storage();
+    const c10::Storage& storage = storage_of(tensor);
     return pooled_tensor_over(pool, home_storage_of(backend, storage), backend.home_device(storage),
                               tensor);
   };

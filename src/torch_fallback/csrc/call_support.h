@@ -97,6 +97,14 @@ struct TensorImplAccess : c10::TensorImpl {
     c10::DispatchKeySet& keys = to->*(&TensorImplAccess::key_set_);
     keys = (keys - kLazyBits) | (from.key_set() & kLazyBits);
   }
+  // The storage, without TensorImpl::storage()'s virtual call: no TensorImpl
+  // overrides it, and it throws only where this flag says so (its error).
+  static const c10::Storage& storage_of(const c10::TensorImpl& impl) {
+    if (C10_UNLIKELY(static_cast<const TensorImplAccess&>(impl).storage_access_should_throw_)) {
+      return impl.storage();
+    }
+    return impl.unsafe_storage();
+  }
   // Lets go of `impl`'s storage without giving it another: for an impl that
   // waits unused until set_storage gives it one.
   static void drop_storage(c10::TensorImpl* impl) {
@@ -111,6 +119,10 @@ struct TensorImplAccess : c10::TensorImpl {
     impl->*(&TensorImplAccess::data_type_) = dtype;
   }
 };
+
+inline const c10::Storage& storage_of(const at::Tensor& tensor) {
+  return TensorImplAccess::storage_of(*tensor.unsafeGetTensorImpl());
+}
 
 // Gives `impl` the geometry of `like`; lazy conjugation and negation travel as
 // bits, not data.
@@ -374,12 +386,12 @@ class KeptTargetView final : public c10::BackendMeta {
   // The kept view of `tensor` on `target`, if it still matches the tensor.
   std::optional<View> get(const at::Tensor& tensor, c10::Device target) {
     std::lock_guard<std::mutex> lock(mutex_);
-    const c10::Storage& storage = tensor.storage();
+    const c10::Storage& storage = storage_of(tensor);
     if (!view_.tensor.defined() || backend_storage_ != storage.unsafeGetStorageImpl() ||
         view_.tensor.device() != target || view_.tensor.dtype() != tensor.dtype()) {
       return std::nullopt;
     }
-    const c10::Storage& viewed = view_.tensor.storage();
+    const c10::Storage& viewed = storage_of(view_.tensor);
     if (viewed.data() != storage.data() || viewed.nbytes() != storage.nbytes() ||
         !same_geometry(view_.tensor, tensor) || view_.tensor.is_conj() != tensor.is_conj() ||
         view_.tensor.is_neg() != tensor.is_neg()) {
@@ -390,7 +402,7 @@ class KeptTargetView final : public c10::BackendMeta {
 
   void keep(const at::Tensor& tensor, View view) {
     std::lock_guard<std::mutex> lock(mutex_);
-    backend_storage_ = tensor.storage().unsafeGetStorageImpl();
+    backend_storage_ = storage_of(tensor).unsafeGetStorageImpl();
     view_ = std::move(view);
   }
 

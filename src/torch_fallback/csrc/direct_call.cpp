@@ -62,7 +62,7 @@ void DirectCall::offer(const at::Tensor& tensor) {
     usable_ = false;
     return;
   }
-  const c10::Device home = backend_.home_device(tensor.storage());
+  const c10::Device home = backend_.home_device(storage_of(tensor));
   usable_ = !home_ || *home_ == home;
   index_ = device.index();
   home_ = home;
@@ -142,14 +142,14 @@ c10::StorageImpl* DirectCall::home_in_call(c10::StorageImpl* backend_storage) co
 }
 
 at::Tensor DirectCall::view_of(const at::Tensor& tensor) {
-  c10::StorageImpl* backend_storage = tensor.storage().unsafeGetStorageImpl();
-  c10::StorageImpl* home = home_in_call(backend_storage);
+  const c10::Storage& backend_storage = storage_of(tensor);
+  c10::StorageImpl* home = home_in_call(backend_storage.unsafeGetStorageImpl());
   if (home != nullptr) {
     return pooled_tensor_over(pool_, storage_ref(home), target_, tensor);
   }
   // The first view of a storage holds its home storage for the call.
-  c10::Storage storage = home_storage_of(backend_, tensor.storage());
-  homes_.emplace_back(backend_storage, storage.unsafeGetStorageImpl());
+  c10::Storage storage = home_storage_of(backend_, backend_storage);
+  homes_.emplace_back(backend_storage.unsafeGetStorageImpl(), storage.unsafeGetStorageImpl());
   return pooled_tensor_over(pool_, std::move(storage), target_, tensor);
 }
 
@@ -165,7 +165,7 @@ at::Tensor DirectCall::kept_view_of(const at::Tensor& tensor, bool add) {
   if (kept == nullptr) return view_of(tensor);
   std::optional<KeptTargetView::View> view = kept->get(tensor, target_);
   if (!view) {
-    const c10::Storage& storage = tensor.storage();
+    const c10::Storage& storage = storage_of(tensor);
     c10::Storage home = home_storage_of(backend_, storage);
     const bool shared = home_storage_of(backend_, storage).unsafeGetStorageImpl() ==
                         home.unsafeGetStorageImpl();
@@ -177,11 +177,12 @@ at::Tensor DirectCall::kept_view_of(const at::Tensor& tensor, bool add) {
   if (view->tensor.use_count() > 2) return view_of(tensor);  // the kept one and this
   if (view->shared_storage) return std::move(view->tensor);
   // Tensors that share a backend storage share one target storage within the call.
-  c10::StorageImpl* backend_storage = tensor.storage().unsafeGetStorageImpl();
+  c10::StorageImpl* backend_storage = storage_of(tensor).unsafeGetStorageImpl();
+  c10::StorageImpl* kept_home = storage_of(view->tensor).unsafeGetStorageImpl();
   c10::StorageImpl* home = home_in_call(backend_storage);
   if (home == nullptr) {
-    homes_.emplace_back(backend_storage, view->tensor.storage().unsafeGetStorageImpl());
-  } else if (home != view->tensor.storage().unsafeGetStorageImpl()) {
+    homes_.emplace_back(backend_storage, kept_home);
+  } else if (home != kept_home) {
     return pooled_tensor_over(pool_, storage_ref(home), target_, tensor);
   }
   return std::move(view->tensor);
