@@ -118,6 +118,39 @@ at::Tensor adopt_zero_tensor(const BackendAdapter& backend, const at::Tensor& re
                            index);
 }
 
+namespace {
+
+// A plain TensorImpl's keys on `device` with dispatch key `key`, made in the mode asked
+// for, whichever mode the call that asks comes in.
+c10::DispatchKeySet keys_on(c10::Device device, c10::DispatchKey key, bool inference) {
+  const c10::InferenceMode mode(inference);
+  return at::detail::make_tensor<c10::TensorImpl>(empty_storage(device), c10::DispatchKeySet(key),
+                                                  caffe2::TypeMeta::Make<float>())
+      .key_set();
+}
+
+}  // namespace
+
+PlainKeySets make_plain_key_sets() {
+  const c10::Device cpu(c10::kCPU);
+  const c10::Device cuda(c10::kCUDA, 0);
+  return {{{keys_on(cpu, c10::DispatchKey::CPU, false), keys_on(cpu, c10::DispatchKey::CPU, true)},
+           {keys_on(cuda, c10::DispatchKey::CUDA, false),
+            keys_on(cuda, c10::DispatchKey::CUDA, true)}}};
+}
+
+std::array<std::array<std::atomic<uint64_t>, 2>, c10::COMPILE_TIME_MAX_DEVICE_TYPES>
+    g_plain_backend_keys{};
+
+uint64_t make_plain_backend_keys(c10::DeviceType type, bool inference) {
+  const c10::Device device(type, 0);
+  const uint64_t raw =
+      keys_on(device, c10::computeDispatchKey(std::nullopt, c10::kStrided, device), inference)
+          .raw_repr();
+  g_plain_backend_keys[static_cast<size_t>(type)][inference].store(raw, std::memory_order_relaxed);
+  return raw;
+}
+
 at::Tensor tensor_over(c10::Storage storage, c10::Device device, const at::Tensor& like) {
   const auto key = c10::computeDispatchKey(std::nullopt, c10::kStrided, device);
   auto tensor = at::detail::make_tensor<c10::TensorImpl>(std::move(storage),

@@ -126,7 +126,7 @@ inline const c10::Storage& storage_of(const at::Tensor& tensor) {
 
 // Gives `impl` the geometry of `like`; lazy conjugation and negation travel as
 // bits, not data.
-inline void take_geometry(c10::TensorImpl* impl, const at::Tensor& like) {
+C10_ALWAYS_INLINE void take_geometry(c10::TensorImpl* impl, const at::Tensor& like) {
   const c10::TensorImpl& from = *like.unsafeGetTensorImpl();
   // Copied whether or not the impl has it already: a pooled impl rarely has
   // (one time in eight in a model's forward), and comparing costs a third of copying.
@@ -216,41 +216,23 @@ inline c10::Storage empty_storage(c10::Device device) {
 // bits aside, [cuda][inference]: with autograd's keys, or without them where
 // made in inference mode.
 using PlainKeySets = std::array<std::array<c10::DispatchKeySet, 2>, 2>;
+PlainKeySets make_plain_key_sets();  // out of line: the hot paths keep only the read
 inline const PlainKeySets& plain_key_sets() {
-  const auto keys_on = [](c10::Device device, c10::DispatchKey key, bool inference) {
-    // In the mode asked for, whichever mode the first call comes in.
-    const c10::InferenceMode mode(inference);
-    return at::detail::make_tensor<c10::TensorImpl>(empty_storage(device),
-                                                    c10::DispatchKeySet(key),
-                                                    caffe2::TypeMeta::Make<float>())
-        .key_set();
-  };
-  static const PlainKeySets keys{
-      {{keys_on(c10::Device(c10::kCPU), c10::DispatchKey::CPU, false),
-        keys_on(c10::Device(c10::kCPU), c10::DispatchKey::CPU, true)},
-       {keys_on(c10::Device(c10::kCUDA, 0), c10::DispatchKey::CUDA, false),
-        keys_on(c10::Device(c10::kCUDA, 0), c10::DispatchKey::CUDA, true)}}};
+  static const PlainKeySets keys = make_plain_key_sets();
   return keys;
 }
 
 // The dispatch keys of a plain tensor of backend `type`, as the TensorImpl
-// constructor gives them in or out of inference mode; made once per type and mode.
+// constructor gives them in or out of inference mode; made once per type and mode
+// (make_plain_backend_keys), read from g_plain_backend_keys after (0: not made yet,
+// a plain tensor has keys).
+extern std::array<std::array<std::atomic<uint64_t>, 2>, c10::COMPILE_TIME_MAX_DEVICE_TYPES>
+    g_plain_backend_keys;
+uint64_t make_plain_backend_keys(c10::DeviceType type, bool inference);
 inline c10::DispatchKeySet plain_backend_keys(c10::DeviceType type, bool inference) {
-  static std::array<std::array<std::atomic<uint64_t>, 2>, c10::COMPILE_TIME_MAX_DEVICE_TYPES>
-      known{};  // 0: not made yet (a plain tensor has keys)
-  std::atomic<uint64_t>& slot = known[static_cast<size_t>(type)][inference];
-  uint64_t raw = slot.load(std::memory_order_relaxed);
-  if (raw == 0) {
-    const c10::InferenceMode mode(inference);
-    const c10::Device device(type, 0);
-    raw = at::detail::make_tensor<c10::TensorImpl>(
-              empty_storage(device),
-              c10::DispatchKeySet(c10::computeDispatchKey(std::nullopt, c10::kStrided, device)),
-              caffe2::TypeMeta::Make<float>())
-              .key_set()
-              .raw_repr();
-    slot.store(raw, std::memory_order_relaxed);
-  }
+  uint64_t raw =
+      g_plain_backend_keys[static_cast<size_t>(type)][inference].load(std::memory_order_relaxed);
+  if (C10_UNLIKELY(raw == 0)) raw = make_plain_backend_keys(type, inference);
   return c10::DispatchKeySet(c10::DispatchKeySet::RAW, raw);
 }
 
@@ -262,20 +244,29 @@ inline bool python_modes_may_be_set() {
   return c10::impl::tls_local_dispatch_key_set().included_.has(c10::DispatchKey::Python);
 }
 
+// Whether nothing but `tensor` holds its TensorImpl, not even a weak reference.
+inline bool is_unshared(const at::Tensor& tensor) {
+  return tensor.defined() && tensor.use_count() == 1 && tensor.weak_use_count() == 1;
+}
+
+// Whether no kernel gave `impl` state that a fresh one lacks.
+inline bool has_only_fresh_state(c10::TensorImpl& impl) {
+  return impl.autograd_meta() == nullptr && impl.get_backend_meta() == nullptr &&
+         !impl.is_wrapped_number() && impl.allow_tensor_metadata_change();
+}
+
 // Whether `tensor` is a plain CPU or CUDA TensorImpl that nothing else holds and
 // no kernel gave state a fresh one lacks: one the fallback may set up anew.
 inline bool is_plain_and_unshared(const at::Tensor& tensor) {
-  if (!tensor.defined() || tensor.use_count() != 1 || tensor.weak_use_count() != 1) return false;
+  if (!is_unshared(tensor)) return false;
   c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
   // The key set tells a plain CPU or CUDA TensorImpl, of either mode, from its
   // subclasses (nested, sparse, ...) and from other devices' tensors.
-  const c10::DispatchKeySet keys =
-      impl->key_set().remove(c10::DispatchKey::Conjugate).remove(c10::DispatchKey::Negative);
+  const c10::DispatchKeySet keys = impl->key_set() - TensorImplAccess::kLazyBits;
   const PlainKeySets& known = plain_key_sets();
   const bool plain = keys == known[0][0] || keys == known[0][1] || keys == known[1][0] ||
                      keys == known[1][1];
-  return plain && impl->autograd_meta() == nullptr && impl->get_backend_meta() == nullptr &&
-         !impl->is_wrapped_number() && impl->allow_tensor_metadata_change();
+  return plain && has_only_fresh_state(*impl);
 }
 
 namespace detail {
@@ -320,7 +311,7 @@ class TargetImplPool {
   bool for_inference_mode() const { return inference_; }
 
   // A CPU or CUDA tensor over `storage` with the geometry of `like` (tensor_over's).
-  at::Tensor take(c10::Storage storage, c10::Device device, const at::Tensor& like) {
+  C10_ALWAYS_INLINE at::Tensor take(c10::Storage storage, c10::Device device, const at::Tensor& like) {
     auto& parked = device.is_cuda() ? cuda_ : cpu_;
     if (parked.empty()) return tensor_over(std::move(storage), device, like);
     Impl impl = std::move(parked.back());
@@ -332,11 +323,16 @@ class TargetImplPool {
 
   // Keeps `tensor`'s TensorImpl for a later call when nothing else holds it,
   // no kernel gave it state a fresh one lacks and it is of this pool's kind.
-  void park(at::Tensor&& tensor) {
-    if (!is_plain_and_unshared(tensor)) return;
+  C10_ALWAYS_INLINE void park(at::Tensor&& tensor) {
+    if (!is_unshared(tensor)) return;
     c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
-    if (impl->is_inference() != inference_) return;
-    auto& parked = impl->is_cuda() ? cuda_ : cpu_;
+    // A plain CPU or CUDA impl of this pool's mode (is_plain_and_unshared's test):
+    // one of two key sets, lazy bits aside.
+    const c10::DispatchKeySet keys = impl->key_set() - TensorImplAccess::kLazyBits;
+    const PlainKeySets& known = plain_key_sets();
+    const bool cuda = keys == known[1][inference_];
+    if ((!cuda && keys != known[0][inference_]) || !has_only_fresh_state(*impl)) return;
+    auto& parked = cuda ? cuda_ : cpu_;
     if (parked.size() >= kCapacity) return;
     TensorImplAccess::drop_storage(impl);  // frees no memory late
     parked.push_back(tensor.unsafeReleaseIntrusivePtr());
@@ -440,7 +436,7 @@ inline c10::Storage storage_ref(c10::StorageImpl* storage) {
 }
 
 // tensor_over's tensor, set up from `pool`'s TensorImpls where there is a pool.
-inline at::Tensor pooled_tensor_over(TargetImplPool* pool, c10::Storage storage,
+C10_ALWAYS_INLINE at::Tensor pooled_tensor_over(TargetImplPool* pool, c10::Storage storage,
                                      c10::Device device, const at::Tensor& like) {
   return pool != nullptr ? pool->take(std::move(storage), device, like)
                          : tensor_over(std::move(storage), device, like);
