@@ -5,6 +5,7 @@
 // call to the next, and the rules for choosing a target.
 #include <torch_fallback/detail/direct_kernel.h>
 
+#include <c10/core/AutogradState.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <array>
@@ -286,18 +287,10 @@ class TargetImplPool {
 
   // This thread's pool for this call's mode, or none where target tensors must
   // be made as usual: where Python dispatch modes may keep them.
-  static TargetImplPool* for_this_call() {
-    if (python_modes_may_be_set()) return nullptr;
-    return &this_thread()[c10::InferenceMode::is_enabled()];
-  }
+  static TargetImplPool* for_this_call();
 
   // This thread's parked impls: CPU, CPU inference, CUDA, CUDA inference.
-  static std::vector<int64_t> parked_counts() {
-    const auto& pools = this_thread();
-    return {static_cast<int64_t>(pools[0].cpu_.size()), static_cast<int64_t>(pools[1].cpu_.size()),
-            static_cast<int64_t>(pools[0].cuda_.size()),
-            static_cast<int64_t>(pools[1].cuda_.size())};
-  }
+  static std::vector<int64_t> parked_counts();
 
   ~TargetImplPool() {
     // The main thread's pool goes after Python has finalized: an impl that a
@@ -341,23 +334,50 @@ class TargetImplPool {
  private:
   static constexpr size_t kCapacity = 1024;
 
-  // A plain pointer, read with one TLS lookup per call: the pools themselves
-  // would need a second, for the guard of their construction.
-  static std::array<TargetImplPool, 2>& this_thread() {
-    thread_local std::array<TargetImplPool, 2>* pools = nullptr;
-    if (C10_UNLIKELY(pools == nullptr)) pools = &make_this_threads();
-    return *pools;
-  }
-
-  C10_NOINLINE static std::array<TargetImplPool, 2>& make_this_threads() {
-    thread_local std::array<TargetImplPool, 2> pools{TargetImplPool(false), TargetImplPool(true)};
-    return pools;
-  }
+  struct ThisThread;
+  static ThisThread& this_thread();
+  C10_NOINLINE static ThisThread& make_this_thread();
 
   bool inference_;
   std::vector<Impl> cpu_;
   std::vector<Impl> cuda_;
 };
+
+// This thread's pools, and where c10 keeps this thread's autograd state and
+// dispatch keys (thread-locals of libc10, whose addresses stay for the thread's
+// life): a call makes one TLS lookup, where asking c10 made two more, one of them
+// through InferenceMode::is_enabled, which is out of line.
+struct TargetImplPool::ThisThread {
+  std::array<TargetImplPool, 2> pools{TargetImplPool(false), TargetImplPool(true)};
+  const c10::AutogradState* autograd = &c10::AutogradState::get_tls_state();
+  const c10::impl::PODLocalDispatchKeySet* dispatch_keys = &c10::impl::raw_local_dispatch_key_set;
+};
+
+inline TargetImplPool::ThisThread& TargetImplPool::this_thread() {
+  // A plain pointer, read with one TLS lookup: the object itself would need a
+  // second, for the guard of its construction.
+  thread_local ThisThread* thread = nullptr;
+  if (C10_UNLIKELY(thread == nullptr)) thread = &make_this_thread();
+  return *thread;
+}
+
+inline TargetImplPool::ThisThread& TargetImplPool::make_this_thread() {
+  thread_local ThisThread thread;
+  return thread;
+}
+
+inline TargetImplPool* TargetImplPool::for_this_call() {
+  ThisThread& thread = this_thread();
+  // python_modes_may_be_set() and InferenceMode::is_enabled(), read where c10 keeps them.
+  if (thread.dispatch_keys->included().has(c10::DispatchKey::Python)) return nullptr;
+  return &thread.pools[thread.autograd->get_inference_mode()];
+}
+
+inline std::vector<int64_t> TargetImplPool::parked_counts() {
+  const auto& pools = this_thread().pools;
+  return {static_cast<int64_t>(pools[0].cpu_.size()), static_cast<int64_t>(pools[1].cpu_.size()),
+          static_cast<int64_t>(pools[0].cuda_.size()), static_cast<int64_t>(pools[1].cuda_.size())};
+}
 
 // A backend tensor's view on the target, kept with it (as its BackendMeta) from
 // one call to the next: an optimizer's _foreach_ ops view the same parameters
