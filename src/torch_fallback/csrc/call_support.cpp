@@ -222,11 +222,6 @@ namespace detail {
 CallRecord::CallRecord(const OpRules& rules, bool unboxed)
     : rules_(rules), unboxed_(unboxed), start_ticks_(metrics::ticks()) {}
 
-void CallRecord::enter(c10::Device target) {
-  on_cuda_ = target.is_cuda();
-  if (on_cuda_ && cuda::device_count() > 1) device_scope_.emplace(target.index());
-}
-
 void CallRecord::record(bool failed) const {
   metrics::Call call;
   call.on_cuda = on_cuda_;

@@ -23,7 +23,7 @@ void WrittenVersions::watch(const at::Tensor& backend, const at::Tensor& target)
   watched_.push_back({backend_impl, target_impl, target_impl->version_counter().current_version()});
 }
 
-void WrittenVersions::pass_on() const {
+void WrittenVersions::pass_on_watched() const {
   // Backend views of one tensor share its count, as their target tensors'
   // writes would in eager; each target tensor is watched once.
   for (const Watched& watched : watched_) {

@@ -208,7 +208,10 @@ class TORCH_FALLBACK_API CallRecord {
   CallRecord& operator=(const CallRecord&) = delete;
 
   // The call runs on `target`; with one GPU visible it is the current device already.
-  void enter(c10::Device target);
+  void enter(c10::Device target) {
+    on_cuda_ = target.is_cuda();
+    if (on_cuda_ && cuda::device_count() > 1) device_scope_.emplace(target.index());
+  }
   void add_bytes_to_target(uint64_t bytes) { bytes_to_target_ += bytes; }
   void add_bytes_from_target(uint64_t bytes) { bytes_from_target_ += bytes; }
   // Counts the call in its op's metrics.
@@ -233,9 +236,13 @@ class TORCH_FALLBACK_API CallRecord {
 class TORCH_FALLBACK_API WrittenVersions {
  public:
   void watch(const at::Tensor& backend, const at::Tensor& target);
-  void pass_on() const;
+  // Calls that write no argument watch none: no call out of line for them.
+  void pass_on() const {
+    if (!watched_.empty()) pass_on_watched();
+  }
 
  private:
+  void pass_on_watched() const;
   struct Watched {
     c10::TensorImpl* backend;
     c10::TensorImpl* target;
