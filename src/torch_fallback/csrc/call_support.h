@@ -304,7 +304,8 @@ class TargetImplPool {
   bool for_inference_mode() const { return inference_; }
 
   // A CPU or CUDA tensor over `storage` with the geometry of `like` (tensor_over's).
-  C10_ALWAYS_INLINE at::Tensor take(c10::Storage storage, c10::Device device, const at::Tensor& like) {
+  C10_ALWAYS_INLINE at::Tensor take(c10::Storage storage, c10::Device device,
+                                    const at::Tensor& like) {
     auto& parked = device.is_cuda() ? cuda_ : cpu_;
     if (parked.empty()) return tensor_over(std::move(storage), device, like);
     Impl impl = std::move(parked.back());

@@ -268,9 +268,8 @@ void DirectCall::finish() {
   finished_ = true;
 }
 
-void DirectCall::kernel_done() const {
-  if (target_.is_cuda() && cuda_sync() == CudaSync::Device) cuda::device_synchronize();
-  written_versions_.pass_on();
+void DirectCall::wait_if_asked() const {
+  if (cuda_sync() == CudaSync::Device) cuda::device_synchronize();
 }
 
 at::Tensor DirectCall::to_backend(const at::Tensor& result) {

@@ -134,13 +134,9 @@ const OpRules& op_rules(const c10::OperatorHandle& op) {
   return *rules;
 }
 
-bool OpRules::forced_to_cpu() const {
-  const uint64_t generation = cpu_ops_generation();
-  if (generation != cpu_ops_generation_) {
-    forced_to_cpu_ = torch_fallback::forced_to_cpu(name, full_name);
-    cpu_ops_generation_ = generation;
-  }
-  return forced_to_cpu_;
+void OpRules::look_up_cpu_ops(uint64_t generation) const {
+  forced_to_cpu_ = torch_fallback::forced_to_cpu(name, full_name);
+  cpu_ops_generation_ = generation;
 }
 
 }  // namespace torch_fallback

@@ -6,6 +6,7 @@
 
 #include "decompositions.h"
 #include "metrics.h"
+#include "settings.h"
 
 #include <string>
 #include <vector>
@@ -57,10 +58,16 @@ struct OpRules {
   Decomposition cuda_runner = nullptr;
   metrics::Counters* counters = nullptr;
 
-  // Whether the op is on the CPU op list (torch_fallback.set_cpu_ops); cached.
-  bool forced_to_cpu() const;
+  // Whether the op is on the CPU op list (torch_fallback.set_cpu_ops); cached
+  // until the list changes.
+  bool forced_to_cpu() const {
+    const uint64_t generation = cpu_ops_generation();
+    if (C10_UNLIKELY(generation != cpu_ops_generation_)) look_up_cpu_ops(generation);
+    return forced_to_cpu_;
+  }
 
  private:
+  void look_up_cpu_ops(uint64_t generation) const;
   mutable uint64_t cpu_ops_generation_ = 0;
   mutable bool forced_to_cpu_ = false;
 };

@@ -8,13 +8,20 @@
 #include <c10/util/Exception.h>
 
 namespace torch_fallback {
-namespace {
 
+namespace settings_state {
 std::atomic<Target> g_target{Target::Cpu};
 std::atomic<CudaSync> g_cuda_sync{CudaSync::Stream};
+std::atomic<uint64_t> g_cpu_ops_generation{1};
+}  // namespace settings_state
+
+namespace {
+
+using settings_state::g_cpu_ops_generation;
+using settings_state::g_cuda_sync;
+using settings_state::g_target;
 
 std::mutex g_cpu_ops_mutex;
-std::atomic<uint64_t> g_cpu_ops_generation{1};
 std::set<std::string> g_cpu_ops;
 
 bool valid_op_name(const std::string& name) {
@@ -30,7 +37,6 @@ bool valid_op_name(const std::string& name) {
 
 }  // namespace
 
-Target target() { return g_target.load(std::memory_order_relaxed); }
 void set_target(Target target) { g_target.store(target, std::memory_order_relaxed); }
 
 Target parse_target(const std::string& name) {
@@ -51,7 +57,6 @@ std::string target_name(Target target) {
   return "?";
 }
 
-CudaSync cuda_sync() { return g_cuda_sync.load(std::memory_order_relaxed); }
 void set_cuda_sync(CudaSync mode) { g_cuda_sync.store(mode, std::memory_order_relaxed); }
 
 CudaSync parse_cuda_sync(const std::string& name) {
@@ -80,8 +85,6 @@ void set_cpu_ops(const std::vector<std::string>& names) {
   g_cpu_ops = {names.begin(), names.end()};
   g_cpu_ops_generation.fetch_add(1, std::memory_order_release);
 }
-
-uint64_t cpu_ops_generation() { return g_cpu_ops_generation.load(std::memory_order_acquire); }
 
 bool forced_to_cpu(const std::string& name, const std::string& full_name) {
   std::lock_guard<std::mutex> lock(g_cpu_ops_mutex);

@@ -328,7 +328,12 @@ class TORCH_FALLBACK_API DirectCall {
     return not_a_tensor;
   }
   // After the kernel: waits for it if the settings ask so, and counts its writes.
-  void kernel_done() const;
+  void kernel_done() const {
+    if (target_.is_cuda()) wait_if_asked();
+    written_versions_.pass_on();
+  }
+  // On a CUDA target: a device synchronize where the CUDA sync setting says so.
+  void wait_if_asked() const;
   c10::StorageImpl* home_in_call(c10::StorageImpl* backend_storage) const;
   at::Tensor view_of(const at::Tensor& tensor);
   // The view kept with `tensor` for later calls, if it still matches; else a new
