@@ -42,6 +42,15 @@ TORCH_LIBRARY(relay, m) {
   m.def("is_page_locked", [](int64_t address) {
     return relay::is_pinned(reinterpret_cast<const void*>(static_cast<uintptr_t>(address)));
   });
+  // Sending relay tensors to other processes (torch_fallback.relay._sharing).
+  m.def("home_view(Tensor self) -> Tensor",
+        [](const at::Tensor& self) { return torch_fallback::home_view(relay::backend(), self); });
+  m.def("rehome(Tensor self, Tensor home) -> ()", [](const at::Tensor& self, const at::Tensor& home) {
+    relay::rehome(self.storage(), home.storage());
+  });
+  m.def("adopt_home(Tensor home, int index) -> Tensor", [](const at::Tensor& home, int64_t index) {
+    return relay::adopt(home, checked_index(index));
+  });
   // torch.ops calls run without the GIL: the device threads may need it to drop Python objects.
   m.def("finish_autograd_work", &relay::finish_autograd_work);
 }

@@ -64,6 +64,10 @@ c10::Storage home_storage(const c10::Storage& storage);
 c10::Device output_home(c10::DeviceIndex index);
 at::Tensor adopt(const at::Tensor& home_tensor, c10::DeviceIndex index);
 void resize_storage_bytes(const c10::Storage& storage, size_t nbytes);
+// Gives a relay storage `home` (a CPU or CUDA storage of its size, holding its bytes
+// already) as its memory from now on: every tensor over the storage reads and writes
+// `home`'s bytes. How a relay tensor sent to another process moves into shared memory.
+void rehome(const c10::Storage& storage, const c10::Storage& home);
 
 // The fallback's view of relay.
 const BackendAdapter& backend();

@@ -316,6 +316,18 @@ void resize_storage_bytes(const c10::Storage& storage, size_t nbytes) {
   impl->set_nbytes(nbytes);
 }
 
+void rehome(const c10::Storage& storage, const c10::Storage& home) {
+  TORCH_CHECK(storage.device().type() == c10::DeviceType::PrivateUse1,
+              "torch_fallback: rehome takes a relay storage, not one on ", storage.device(), ".");
+  TORCH_CHECK(home.device().is_cpu() || home.device().is_cuda(),
+              "torch_fallback: a relay storage's home is CPU or CUDA memory, not ", home.device(),
+              ".");
+  TORCH_CHECK(home.nbytes() == storage.nbytes(), "torch_fallback: a new home of ", home.nbytes(),
+              " bytes for a relay storage of ", storage.nbytes(), ".");
+  storage.unsafeGetStorageImpl()->set_data_ptr_noswap(
+      relay_data_ptr(home, storage.device().index()));
+}
+
 const BackendAdapter& backend() {
   static const BackendAdapter adapter = [] {
     BackendAdapter relay{c10::DeviceType::PrivateUse1, &home_device, &home_storage, &output_home,
