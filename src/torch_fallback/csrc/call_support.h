@@ -240,9 +240,10 @@ inline c10::DispatchKeySet plain_backend_keys(c10::DeviceType type, bool inferen
 // Whether a Python dispatch mode may see the tensors of this call. Every
 // TorchDispatchMode pushed includes the Python key in this thread's dispatch
 // keys while any is set: a cheaper test than asking the mode stack, and never
-// false where that would say true.
-inline bool python_modes_may_be_set() {
-  return c10::impl::tls_local_dispatch_key_set().included_.has(c10::DispatchKey::Python);
+// false where that would say true. `keys`: this thread's dispatch keys.
+inline bool python_modes_may_be_set(
+    const c10::impl::PODLocalDispatchKeySet& keys = c10::impl::raw_local_dispatch_key_set) {
+  return keys.included().has(c10::DispatchKey::Python);
 }
 
 // Whether nothing but `tensor` holds its TensorImpl, not even a weak reference.
@@ -369,9 +370,8 @@ inline TargetImplPool::ThisThread& TargetImplPool::make_this_thread() {
 
 inline TargetImplPool* TargetImplPool::for_this_call() {
   ThisThread& thread = this_thread();
-  // python_modes_may_be_set() and InferenceMode::is_enabled(), read where c10 keeps them.
-  if (thread.dispatch_keys->included().has(c10::DispatchKey::Python)) return nullptr;
-  return &thread.pools[thread.autograd->get_inference_mode()];
+  if (python_modes_may_be_set(*thread.dispatch_keys)) return nullptr;
+  return &thread.pools[thread.autograd->get_inference_mode()];  // InferenceMode::is_enabled()
 }
 
 inline std::vector<int64_t> TargetImplPool::parked_counts() {
@@ -458,7 +458,7 @@ inline c10::Storage storage_ref(c10::StorageImpl* storage) {
 
 // tensor_over's tensor, set up from `pool`'s TensorImpls where there is a pool.
 C10_ALWAYS_INLINE at::Tensor pooled_tensor_over(TargetImplPool* pool, c10::Storage storage,
-                                     c10::Device device, const at::Tensor& like) {
+                                                c10::Device device, const at::Tensor& like) {
   return pool != nullptr ? pool->take(std::move(storage), device, like)
                          : tensor_over(std::move(storage), device, like);
 }

@@ -29,25 +29,32 @@ def _rebuild_relay_tensor(
     args: tuple[Any, ...],
     index: int,
     requires_grad: bool,
+    lazy_bits: tuple[bool, bool] = (False, False),
 ) -> torch.Tensor:
     import torch_fallback.relay  # noqa: F401  (a spawned process has not imported it yet)
 
     tensor = torch.ops.relay.adopt_home(rebuild(*args), index)
+    # torch's rebuild drops lazy conjugation and negation (CPU tensors lose them too);
+    # they come back as the views that carry them, over the same memory.
+    conj, neg = lazy_bits
+    if conj:
+        tensor = tensor.conj()
+    if neg:
+        tensor = tensor._neg_view()
     if cls is torch.nn.Parameter:
         return torch.nn.Parameter(tensor, requires_grad=requires_grad)
     return tensor.requires_grad_(requires_grad)
 
 
-def _in_shared_memory(tensor: torch.Tensor) -> torch.Tensor:
-    """A CPU tensor with `tensor`'s geometry over its storage's bytes, after moving them
-    into shared memory (once per storage: a storage shared before is left as it is)."""
-    home = torch.ops.relay.home_view(tensor)
-    if not home.untyped_storage().is_shared():
-        shared = torch.UntypedStorage._new_shared(tensor.untyped_storage().nbytes())
-        shared.copy_(home.untyped_storage())
-        torch.ops.relay.rehome(tensor, torch.empty(0, dtype=torch.uint8).set_(shared))
-        home = torch.ops.relay.home_view(tensor)
-    return home
+def _in_shared_memory(tensor: torch.Tensor, home: torch.Tensor) -> torch.Tensor:
+    """`home` (a CPU view of `tensor`'s bytes, with its geometry) after moving the bytes
+    into shared memory, once per storage: a storage shared before is left as it is."""
+    if home.untyped_storage().is_shared():
+        return home
+    shared = torch.UntypedStorage._new_shared(tensor.untyped_storage().nbytes())
+    shared.copy_(home.untyped_storage())
+    torch.ops.relay.rehome(tensor, torch.empty(0, dtype=torch.uint8).set_(shared))
+    return torch.ops.relay.home_view(tensor)
 
 
 def reduce_relay_tensor(tensor: torch.Tensor, reduce_other: Callable[[torch.Tensor], Any]) -> Any:
@@ -57,7 +64,9 @@ def reduce_relay_tensor(tensor: torch.Tensor, reduce_other: Callable[[torch.Tens
         return reduce_other(tensor)
     if tensor.requires_grad and not tensor.is_leaf:
         return reduce_other(tensor)  # torch's own error: autograd does not cross processes
-    if torch.ops.relay.home_view(tensor).is_cuda:
+    detached = tensor.detach()
+    home = torch.ops.relay.home_view(detached)
+    if home.is_cuda:
         raise RuntimeError(
             "torch_fallback.relay: a relay tensor whose memory lives on a GPU (home 'cuda') "
             "cannot be sent to another process yet. Send a copy instead, "
@@ -65,9 +74,13 @@ def reduce_relay_tensor(tensor: torch.Tensor, reduce_other: Callable[[torch.Tens
             "(torch_fallback.relay.set_home('cpu')), whose memory is shared with the "
             "receiver; or exchange tensors with torch.distributed."
         )
-    rebuild, args = reduce_other(_in_shared_memory(tensor.detach()))
+    rebuild, args = reduce_other(_in_shared_memory(detached, home))
     index = tensor.device.index or 0
-    return (_rebuild_relay_tensor, (type(tensor), rebuild, args, index, tensor.requires_grad))
+    lazy_bits = (tensor.is_conj(), tensor.is_neg())
+    return (
+        _rebuild_relay_tensor,
+        (type(tensor), rebuild, args, index, tensor.requires_grad, lazy_bits),
+    )
 
 
 def install() -> None:
