@@ -219,6 +219,11 @@ void copy_between(const BackendAdapter& backend, const at::Tensor& src, const at
 
 namespace detail {
 
+TargetImplPool::ThisThread& TargetImplPool::make_this_thread() {
+  thread_local ThisThread thread;
+  return thread;
+}
+
 CallRecord::CallRecord(const OpRules& rules, bool unboxed)
     : rules_(rules), unboxed_(unboxed), start_ticks_(metrics::ticks()) {}
 

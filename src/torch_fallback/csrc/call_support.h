@@ -363,11 +363,6 @@ inline TargetImplPool::ThisThread& TargetImplPool::this_thread() {
   return *thread;
 }
 
-inline TargetImplPool::ThisThread& TargetImplPool::make_this_thread() {
-  thread_local ThisThread thread;
-  return thread;
-}
-
 inline TargetImplPool* TargetImplPool::for_this_call() {
   ThisThread& thread = this_thread();
   if (python_modes_may_be_set(*thread.dispatch_keys)) return nullptr;

@@ -114,8 +114,9 @@ bool DirectCall::start() {
   const Target wanted = on_home ? (home_->is_cuda() ? Target::Cuda : Target::Cpu)
                                 : wanted_target(rules_, /*nested=*/false);
   if (wanted == Target::Cuda) {
+    // A GPU of this index is there, so CUDA is usable: the boxed fallback says
+    // what is missing where it is not.
     if (!rules_.has_cuda_kernel || index >= cuda::device_count()) return false;
-    cuda::check_usable("the CUDA fallback target", rules_.full_name);
     target_ = c10::Device(c10::kCUDA, index);
     target_keys_ = c10::DispatchKeySet(c10::DispatchKey::CUDA);
   } else if (!rules_.has_cpu_kernel) {
