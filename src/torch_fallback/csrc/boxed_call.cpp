@@ -103,7 +103,10 @@ class FallbackCall {
     }
   }
 
-  void check_tensor_device(const at::Tensor& tensor) {
+  // How a tensor came: as a Tensor argument, in a Tensor[] or in a Tensor?[].
+  enum class Passed { Alone, InList, InOptionalList };
+
+  void check_tensor_device(const at::Tensor& tensor, Passed passed) {
     if (!tensor.defined()) return;
     const c10::Device device = tensor.device();
     if (device.type() == backend_.device_type) {
@@ -120,13 +123,25 @@ class FallbackCall {
                   " and on ", device, "; move them to one device first.");
       return;
     }
-    // TensorIterator takes 0-dim CPU tensors as scalars on any device, and
-    // some ops take index tensors on the CPU as CUDA does.
-    TORCH_CHECK(device.is_cpu() && (tensor.dim() == 0 || rules_.accepts_cpu_tensors),
-                "torch_fallback: ", full_name(), " got a tensor on ", device, " together with ",
-                backend_name(), " tensors; all its tensors must be on ", backend_name(),
-                " (0-dim CPU tensors excepted). Move it there first, e.g. with .to('",
-                backend_name(), "').");
+    // A _foreach_ op's lists hold one tensor per result: a CPU tensor there with
+    // backend tensors would give a backend result for a CPU input (CUDA gives each
+    // result on its input's device, and refuses to write across devices).
+    TORCH_CHECK(!(passed == Passed::InList && rules_.is_foreach), "torch_fallback: ", full_name(),
+                " got a tensor on ", device, " in a list together with ", backend_name(),
+                " tensors; all the tensors of its lists must be on ", backend_name(),
+                ". Move them there first (an optimizer's state stays on the device it was "
+                "made on: move the model before the optimizer's first step, or load the "
+                "optimizer's state_dict after the move).");
+    // TensorIterator takes 0-dim CPU tensors as scalars on any device; as on
+    // CUDA, indexing takes its indices and _foreach_ ops their scalars on the CPU.
+    const bool cpu_allowed =
+        tensor.dim() == 0 || (passed == Passed::InOptionalList && rules_.takes_cpu_indices) ||
+        (passed == Passed::Alone && rules_.is_foreach);
+    TORCH_CHECK(device.is_cpu() && cpu_allowed, "torch_fallback: ", full_name(),
+                " got a tensor on ", device, " together with ", backend_name(),
+                " tensors; all its tensors must be on ", backend_name(),
+                rules_.takes_cpu_indices ? " (indices may be on the CPU)" : " (0-dim CPU tensors excepted)",
+                ". Move it there first, e.g. with .to('", backend_name(), "').");
   }
 
   template <typename Visit>
@@ -142,20 +157,27 @@ class FallbackCall {
     }
   }
 
-  // Visits the tensor arguments as the caller passed them.
+  // The arguments as the caller passed them.
+  c10::ArrayRef<c10::IValue> arguments_as_passed() const {
+    return originals_.empty() ? torch::jit::last(*stack_, schema_.arguments().size())
+                              : c10::ArrayRef<c10::IValue>(originals_);
+  }
+
   template <typename Visit>
   void for_each_tensor_argument(Visit&& visit) {
-    const auto args = originals_.empty()
-                          ? torch::jit::last(*stack_, schema_.arguments().size())
-                          : c10::ArrayRef<c10::IValue>(originals_);
-    for (const auto& arg : args) for_each_tensor_in(arg, visit);
+    for (const auto& arg : arguments_as_passed()) for_each_tensor_in(arg, visit);
   }
 
   void find_backend_device() {
-    for_each_tensor_argument([this](const at::Tensor& tensor) {
-      check_tensor_device(tensor);
-      nested_ = nested_ || (tensor.defined() && tensor.is_nested());
-    });
+    for (const auto& arg : arguments_as_passed()) {
+      const Passed passed = arg.isTensorList()           ? Passed::InList
+                            : arg.isOptionalTensorList() ? Passed::InOptionalList
+                                                         : Passed::Alone;
+      for_each_tensor_in(arg, [this, passed](const at::Tensor& tensor) {
+        check_tensor_device(tensor, passed);
+        nested_ = nested_ || (tensor.defined() && tensor.is_nested());
+      });
+    }
     if (backend_index_) return;
     for (const auto& arg : torch::jit::last(*stack_, schema_.arguments().size())) {
       if (arg.isDevice() && arg.toDevice().type() == backend_.device_type &&

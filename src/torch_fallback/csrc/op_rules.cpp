@@ -38,11 +38,8 @@ std::string unservable_result_of(const std::string& name) {
   return {};
 }
 
-// Ops whose CUDA kernels take CPU tensors besides CUDA ones: indexing takes CPU
-// indices, and the _foreach_ ops take CPU scalars and fall back to one op per
-// tensor for lists they cannot fuse.
-bool takes_cpu_tensors(const std::string& name) {
-  if (starts_with(name, "aten::_foreach_")) return true;
+// Ops whose CUDA kernels take CPU indices besides CUDA tensors.
+bool indexing_op(const std::string& name) {
   for (const char* op : {"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl",
                          "aten::_index_put_impl_", "aten::_unsafe_index", "aten::_unsafe_index_put"}) {
     if (name == op) return true;
@@ -98,7 +95,8 @@ std::unique_ptr<OpRules> make_rules(const c10::OperatorHandle& op) {
     rules->returns_a_view = rules->returns_a_view || (alias != nullptr && !alias->isWrite());
   }
   rules->unservable_result = unservable_result_of(rules->name);
-  rules->accepts_cpu_tensors = takes_cpu_tensors(rules->name);
+  rules->takes_cpu_indices = indexing_op(rules->name);
+  rules->is_foreach = starts_with(rules->name, "aten::_foreach_");
   // A DirectCall checks CPU tensors among the arguments by their values. Its
   // views are the backend's memory, so hidden writes (batch norm's running
   // statistics) land there as they do in eager.

@@ -35,8 +35,11 @@ struct OpRules {
   bool returns_a_view = false;
   // The op makes sparse or quantized tensors whatever its arguments; empty if not.
   std::string unservable_result;
-  // CPU tensors may come with backend tensors, as CUDA allows for indexing and _foreach_ ops.
-  bool accepts_cpu_tensors = false;
+  // An indexing op, whose indices (Tensor?[]) may be CPU tensors, as on CUDA.
+  bool takes_cpu_indices = false;
+  // A _foreach_ op: its Tensor[] arguments hold one tensor per result, and its
+  // scalars may come as a CPU tensor, as on CUDA.
+  bool is_foreach = false;
   // An op a DirectCall may run: it writes no argument but in place (no out=,
   // no resize, no hidden mutation), takes no generator, device or layout,
   // returns no view, and a backend tensor can hold its results.
