@@ -78,6 +78,65 @@ def test_relay_and_a_non_scalar_cpu_tensor_in_one_op():
     assert "aten::cat" in str(error.value)
 
 
+def test_a_foreach_op_refuses_a_cpu_tensor_in_its_lists():
+    # CUDA gives each result on its input's device and refuses to write across
+    # devices; a relay result for a CPU input, or a silent write, would be neither.
+    on_relay, on_cpu = relay(torch.ones(3)), torch.ones(3)
+    message = "got a tensor on cpu in a list together with relay tensors"
+    with pytest.raises(RuntimeError, match=message):
+        torch._foreach_add_([on_relay], [on_cpu])
+    torch.testing.assert_close(on_relay.cpu(), torch.ones(3))
+    with pytest.raises(RuntimeError, match=message):
+        torch._foreach_mul([on_relay, on_cpu], 2.0)
+    with pytest.raises(RuntimeError, match=message):
+        torch._foreach_mul([on_relay, torch.tensor(1.0)], 2.0)
+
+
+def test_a_foreach_op_takes_its_scalars_as_a_cpu_tensor():
+    x = torch.randn(3)
+    on_relay = relay(x)
+    torch._foreach_mul_([on_relay], torch.tensor(2.0))
+    torch._foreach_addcdiv_([on_relay], [on_relay], [on_relay], torch.tensor([0.5]))
+    torch.testing.assert_close(on_relay.cpu(), x * 2 + 0.5)
+
+
+def test_an_optimizer_whose_state_stayed_on_the_cpu_says_what_to_do():
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(model.parameters(), foreach=True)
+    model(torch.randn(4, 3)).sum().backward()
+    optimizer.step()  # its state is made on the CPU
+    model.to("relay")
+    model(relay(torch.randn(4, 3))).sum().backward()
+    with pytest.raises(RuntimeError, match="move the model before the optimizer's first step"):
+        optimizer.step()
+
+
+def test_indexing_takes_cpu_indices_but_not_a_cpu_tensor_to_index():
+    # CUDA: "indices should be either on cpu or on the same device as the indexed tensor".
+    x = torch.arange(6.0)
+    index, mask = relay(torch.tensor([4, 1])), relay(x > 2)
+    attempts = (lambda: x[index], lambda: x[mask], lambda: x.index_put_((index,), x[:2]))
+    for index_cpu_tensor in attempts:
+        with pytest.raises(RuntimeError, match="got a tensor on cpu together with relay tensors"):
+            index_cpu_tensor()
+    torch.testing.assert_close(x, torch.arange(6.0))
+    torch.testing.assert_close(relay(x)[index.cpu()].cpu(), x[torch.tensor([4, 1])])
+
+
+def test_a_generator_of_another_device_is_refused_as_eager_refuses_it():
+    def wrong_generator(expected: str, found: str) -> str:
+        return f"Expected a '{expected}' device type for generator but found '{found}'"
+
+    with pytest.raises(RuntimeError, match=wrong_generator("relay", "cpu")):
+        torch.randn(3, device="relay", generator=torch.Generator())
+    relay_generator = torch.Generator(device="relay")
+    with pytest.raises(RuntimeError, match=wrong_generator("cpu", "relay")):
+        torch.randn(3, generator=relay_generator)
+    with pytest.raises(RuntimeError, match=wrong_generator("cpu", "relay")):
+        list(torch.utils.data.RandomSampler(range(5), generator=relay_generator))
+    assert torch.randn(3, device="relay", generator=relay_generator).device.type == "relay"
+
+
 @pytest.mark.requires_cuda
 def test_relay_and_cuda_tensors_in_one_op():
     with pytest.raises(RuntimeError, match="got a tensor on cuda:0 together with relay tensors"):

@@ -203,6 +203,21 @@ def test_factory_op_with_a_device_argument(placement):
     assert_fell_back("aten::tril_indices", placement.target)
 
 
+@pytest.mark.parametrize("periodic", [None, False, True])
+def test_window_function_made_by_a_dispatch_stub(placement, periodic):
+    # kaiser_window's composite kernels call a DispatchStub, which has no relay entry.
+    args = (8,) if periodic is None else (8, periodic, 5.0)
+    actual = torch.kaiser_window(*args, dtype=torch.float64, device="relay")
+    assert_matches(actual, torch.kaiser_window(*args, dtype=torch.float64))
+    signal = torch.randn(64, dtype=torch.float64)
+    assert_matches(
+        torch.stft(relay(signal), 8, window=actual, return_complex=True),
+        torch.stft(
+            signal, 8, window=torch.kaiser_window(*args, dtype=torch.float64), return_complex=True
+        ),
+    )
+
+
 def test_zero_dim_cpu_tensor_is_taken_as_a_scalar(placement):
     x = torch.randn(3)
     assert_matches(relay(x) * torch.tensor(2.5), x * 2.5)

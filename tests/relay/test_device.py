@@ -238,6 +238,42 @@ def test_pinned_memory_is_pinned(placement):
     torch.testing.assert_close(back, pinned)
 
 
+def test_relay_factories_refuse_pinned_memory(placement):
+    # As CUDA's: only dense CPU tensors can be pinned.
+    for make in (torch.empty, torch.zeros, torch.ones):
+        with pytest.raises(RuntimeError, match="Only dense CPU tensors can be pinned"):
+            make(3, device="relay", pin_memory=True)
+
+
+# Deterministic mode.
+
+
+@pytest.fixture
+def deterministic():
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+def test_new_memory_is_filled_in_deterministic_mode(placement, deterministic, dtype):
+    # As CPU and CUDA fill it: NaN, or the largest value of an integer type.
+    made = [
+        torch.empty(4, dtype=dtype, device="relay"),
+        torch.empty_strided((2, 2), (1, 2), dtype=dtype, device="relay"),
+        torch.ones(2, dtype=dtype, device="relay").new_empty(3),
+    ]
+    grown = torch.ones(2, dtype=dtype, device="relay")
+    grown.resize_(5)
+    made.append(grown[2:])
+    expected = torch.empty(4, dtype=dtype)  # CPU's fill
+    for tensor in made:
+        on_cpu = tensor.cpu().flatten()
+        torch.testing.assert_close(on_cpu, expected[: on_cpu.numel()], equal_nan=True)
+    torch.testing.assert_close(grown[:2].cpu(), torch.ones(2, dtype=dtype))
+
+
 # torch.compile.
 
 

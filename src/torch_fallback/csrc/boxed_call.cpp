@@ -140,7 +140,8 @@ class FallbackCall {
     TORCH_CHECK(device.is_cpu() && cpu_allowed, "torch_fallback: ", full_name(),
                 " got a tensor on ", device, " together with ", backend_name(),
                 " tensors; all its tensors must be on ", backend_name(),
-                rules_.takes_cpu_indices ? " (indices may be on the CPU)" : " (0-dim CPU tensors excepted)",
+                rules_.takes_cpu_indices ? " (indices may be on the CPU)"
+                                         : " (0-dim CPU tensors excepted)",
                 ". Move it there first, e.g. with .to('", backend_name(), "').");
   }
 
@@ -168,7 +169,37 @@ class FallbackCall {
     for (const auto& arg : arguments_as_passed()) for_each_tensor_in(arg, visit);
   }
 
+  // A generator draws for tensors of its own device, as eager checks
+  // (at::check_generator): a CPU generator for backend tensors would draw on
+  // the CPU, and a backend generator sends an op on CPU tensors here.
+  void check_generator_devices() {
+    const auto args = arguments_as_passed();
+    for (size_t i : rules_.generator_arguments) {
+      if (!args[i].isGenerator()) continue;
+      const c10::DeviceType generator_type = args[i].toGenerator().device().type();
+      // The op's device: the backend's if it has a tensor (or device argument)
+      // there, else that of its other tensors.
+      std::optional<c10::DeviceType> backend_type;
+      std::optional<c10::DeviceType> other_type;
+      for_each_tensor_argument([&](const at::Tensor& tensor) {
+        if (!tensor.defined()) return;
+        (tensor.device().type() == backend_.device_type ? backend_type : other_type) =
+            tensor.device().type();
+      });
+      for (const auto& arg : args) {
+        if (arg.isDevice() && arg.toDevice().type() == backend_.device_type) {
+          backend_type = backend_.device_type;
+        }
+      }
+      const c10::DeviceType expected = backend_type.value_or(other_type.value_or(c10::kCPU));
+      TORCH_CHECK(generator_type == expected, "Expected a '", c10::DeviceTypeName(expected, true),
+                  "' device type for generator but found '",
+                  c10::DeviceTypeName(generator_type, true), "' (", full_name(), ")");
+    }
+  }
+
   void find_backend_device() {
+    if (!rules_.generator_arguments.empty()) check_generator_devices();
     for (const auto& arg : arguments_as_passed()) {
       const Passed passed = arg.isTensorList()           ? Passed::InList
                             : arg.isOptionalTensorList() ? Passed::InOptionalList

@@ -181,7 +181,7 @@ const std::vector<std::string>& ops_run_whole() {
         "_euclidean_dist",
         // Composite kernels that call a DispatchStub directly, which has no
         // entry for a third-party device.
-        "conj_physical_",
+        "conj_physical_", "kaiser_window", "kaiser_window.periodic", "kaiser_window.beta",
         // Composite constructors of sparse tensors, which would wrap backend
         // tensors into a sparse tensor no kernel can serve: the fallback
         // refuses them, so .to(backend) of a sparse tensor fails there.

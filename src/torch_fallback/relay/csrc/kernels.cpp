@@ -3,6 +3,8 @@
 // other op reaches the boxed fallback, registered at the end.
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/ResizeCommon.h>
+#include <ATen/native/TensorFactories.h>
 #include <ATen/ops/_lazy_clone_native.h>
 #include <ATen/ops/clone.h>
 #include <c10/core/DeviceGuard.h>
@@ -16,28 +18,47 @@
 namespace torch_fallback::relay {
 namespace {
 
+// As CPU's and CUDA's allocators: new memory is NaN (or the largest integer)
+// under torch.use_deterministic_algorithms, so that reading it before writing shows.
+bool fills_new_memory() {
+  const auto& context = at::globalContext();
+  return context.deterministicAlgorithms() && context.deterministicFillUninitializedMemory();
+}
+
+void check_not_pinned(std::optional<bool> pin_memory) {
+  TORCH_CHECK(!pin_memory.value_or(false), "Only dense CPU tensors can be pinned");
+}
+
 at::Tensor empty_memory_format(c10::SymIntArrayRef size, std::optional<at::ScalarType> dtype,
                                std::optional<at::Layout> /*layout*/,
-                               std::optional<at::Device> device, std::optional<bool> /*pin*/,
+                               std::optional<at::Device> device, std::optional<bool> pin_memory,
                                std::optional<at::MemoryFormat> memory_format) {
+  check_not_pinned(pin_memory);
   const c10::DeviceGuard guard(device.value_or(c10::Device(c10::DeviceType::PrivateUse1)));
-  return at::detail::empty_generic(C10_AS_INTARRAYREF_SLOW(size), allocator(),
-                                   c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                   c10::dtype_or_default(dtype), memory_format);
+  at::Tensor tensor = at::detail::empty_generic(
+      C10_AS_INTARRAYREF_SLOW(size), allocator(),
+      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::dtype_or_default(dtype),
+      memory_format);
+  if (C10_UNLIKELY(fills_new_memory())) at::native::fill_empty_deterministic_(tensor);
+  return tensor;
 }
 
 at::Tensor empty_strided(c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
                          std::optional<at::ScalarType> dtype, std::optional<at::Layout> /*layout*/,
-                         std::optional<at::Device> device, std::optional<bool> /*pin*/) {
+                         std::optional<at::Device> device, std::optional<bool> pin_memory) {
+  check_not_pinned(pin_memory);
   const c10::DeviceGuard guard(device.value_or(c10::Device(c10::DeviceType::PrivateUse1)));
-  return at::detail::empty_strided_generic(
+  at::Tensor tensor = at::detail::empty_strided_generic(
       C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride), allocator(),
       c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::dtype_or_default(dtype));
+  if (C10_UNLIKELY(fills_new_memory())) at::native::fill_empty_deterministic_(tensor);
+  return tensor;
 }
 
 const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
                           std::optional<at::MemoryFormat> memory_format) {
   auto* impl = self.unsafeGetTensorImpl();
+  const int64_t old_nbytes = static_cast<int64_t>(self.storage().nbytes());
   at::native::resize_impl_cpu_(impl, C10_AS_INTARRAYREF_SLOW(size), std::nullopt,
                                /*resize_storage=*/false);
   if (memory_format) impl->empty_tensor_restride(*memory_format);
@@ -45,6 +66,7 @@ const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
       self.sizes(), self.strides(), self.dtype().itemsize(), self.storage_offset());
   if (self.numel() > 0 && needed > self.storage().nbytes()) {
     resize_storage_bytes(self.storage(), needed);
+    if (C10_UNLIKELY(fills_new_memory())) at::native::fill_resize_deterministic_(self, old_nbytes);
   }
   return self;
 }
