@@ -218,6 +218,25 @@ def test_window_function_made_by_a_dispatch_stub(placement, periodic):
     )
 
 
+def test_views_of_a_nested_tensor(placement):
+    parts = [torch.randn(2, 3), torch.randn(4, 3)]
+    nested = torch.nested.nested_tensor([relay(part) for part in parts])
+    expected = torch.nested.nested_tensor(parts)
+    views = [
+        lambda t: t.unbind(),
+        lambda t: t[1],
+        lambda t: t.transpose(1, 2).unbind(),
+        lambda t: t.unsqueeze(1).unbind(),
+        lambda t: t.narrow(0, 1, 1).unbind(),
+        lambda t: t.chunk(1, -1)[0].unbind(),
+        lambda t: t.split_with_sizes([1, 2], -1)[1].unbind(),
+    ]
+    for view in views:
+        assert_matches(view(nested), view(expected))
+    nested.unbind()[1].mul_(0)  # a view writes the nested tensor's memory
+    assert_matches(nested.unbind(), [parts[0], torch.zeros(4, 3)])
+
+
 def test_zero_dim_cpu_tensor_is_taken_as_a_scalar(placement):
     x = torch.randn(3)
     assert_matches(relay(x) * torch.tensor(2.5), x * 2.5)

@@ -17,7 +17,17 @@
 #include <ATen/SDPBackend.h>
 #include <ATen/ops/_fused_sdp_choice.h>
 
+#include <ATen/ops/alias_native.h>
 #include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/chunk_native.h>
+#include <ATen/ops/narrow_native.h>
+#include <ATen/ops/select_native.h>
+#include <ATen/ops/split_with_sizes_native.h>
+#include <ATen/ops/squeeze_native.h>
+#include <ATen/ops/transpose_native.h>
+#include <ATen/ops/unbind_native.h>
+#include <ATen/ops/unsqueeze_native.h>
+#include <ATen/ops/values_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/unfold_native.h>
 #include <ATen/ops/view_as_complex_native.h>
@@ -142,6 +152,36 @@ void register_view_kernels(torch::Library& aten, c10::DeviceType device_type) {
   impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage));
   impl("set_.source_Tensor", TORCH_FN(set_source_tensor));
   impl("set_", TORCH_FN(set_empty));
+}
+
+void register_nested_view_kernels(torch::Library& nested) {
+  // PyTorch's views of nested tensors make views of the buffer, whatever its
+  // device, but are registered for the CPU's and CUDA's nested keys only.
+  namespace native = at::native;
+  nested.impl("alias", TORCH_FN(native::alias_nested));
+  nested.impl("chunk", TORCH_FN(native::chunk_nested_tensor));
+  nested.impl("narrow", TORCH_FN(native::narrow_nested_symint));
+  nested.impl("select.int", [](const at::Tensor& self, int64_t dim, c10::SymInt index) {
+    return native::select_nested(self, dim, index.expect_int());
+  });
+  nested.impl("split_with_sizes",
+              [](const at::Tensor& self, c10::SymIntArrayRef sizes, int64_t dim) {
+                return native::split_with_sizes_nested(self, C10_AS_INTARRAYREF_SLOW(sizes), dim);
+              });
+  nested.impl("squeeze", TORCH_FN(native::squeeze_nested));
+  nested.impl("squeeze.dim",
+              TORCH_FN(static_cast<at::Tensor (*)(const at::Tensor&, int64_t)>(
+                  native::squeeze_dim_nested)));
+  nested.impl("squeeze.dims",
+              TORCH_FN(static_cast<at::Tensor (*)(const at::Tensor&, at::IntArrayRef)>(
+                  native::squeeze_dim_nested)));
+  nested.impl("transpose.int", TORCH_FN(native::transpose_nested));
+  nested.impl("unbind.int", TORCH_FN(native::NestedTensor_unbind));
+  nested.impl("unsqueeze", TORCH_FN(native::unsqueeze_nested));
+  nested.impl("values", TORCH_FN(native::values_nested));
+  nested.impl("view", [](const at::Tensor& self, c10::SymIntArrayRef size) {
+    return native::view_nested(self, C10_AS_INTARRAYREF_SLOW(size));
+  });
 }
 
 // Ops with their own CPU or CUDA kernel and a composite one that other devices

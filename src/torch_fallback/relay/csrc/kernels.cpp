@@ -101,6 +101,10 @@ TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
   m.fallback(torch_fallback::boxed_fallback_for<&backend>());
 }
 
+TORCH_LIBRARY_IMPL(aten, NestedTensorPrivateUse1, m) {
+  torch_fallback::register_nested_view_kernels(m);
+}
+
 // Sparse relay tensors cannot be made; these give every attempt a clear error.
 TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
   m.fallback(torch_fallback::boxed_fallback_for<&backend>());
