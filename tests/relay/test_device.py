@@ -64,6 +64,36 @@ def test_memory_figures_follow_allocations(placement):
     assert relay.max_memory_allocated() == before
 
 
+@pytest.mark.skipif(
+    not hasattr(torch.accelerator, "memory_allocated"),
+    reason="torch.accelerator has memory calls from PyTorch 2.9",
+)
+def test_torch_accelerator_memory_calls_read_relays_figures(placement):
+    # Libraries call these for whichever accelerator torch has (accelerate's
+    # clear_device_cache: torch.accelerator.empty_cache(), in every Trainer).
+    accelerator = torch.accelerator
+    assert accelerator.current_accelerator() == torch.device("relay")
+    accelerator.empty_cache()
+    accelerator.reset_peak_memory_stats()
+    before = accelerator.memory_allocated()
+    assert before == relay.memory_allocated()
+    x = torch.empty(1024, 1024, device="relay")
+    assert accelerator.memory_allocated() - before == x.nbytes
+    assert accelerator.memory_reserved() == accelerator.memory_allocated()
+    assert accelerator.memory_stats()["allocated_bytes.all.current"] == before + x.nbytes
+    del x
+    assert accelerator.max_memory_allocated() == before + 4 * 1024 * 1024
+    accelerator.reset_peak_memory_stats()
+    assert accelerator.max_memory_allocated() == before
+
+
+def test_record_stream_on_relay_tensors_is_accepted(placement):
+    # One ordered stream per device: nothing to record, as nothing is reused early.
+    x = torch.ones(4, device="relay")
+    x.record_stream(torch.accelerator.current_stream())
+    torch.testing.assert_close((x + 1).cpu(), torch.full((4,), 2.0))
+
+
 # Serialization.
 
 

@@ -1,4 +1,4 @@
-// The only ops relay implements itself: allocation, resize and lazy clones.
+// The only ops relay implements itself: allocation, resize, lazy clones and record_stream.
 // Views, set_ and copies come from torch-fallback's public API, and every
 // other op reaches the boxed fallback, registered at the end.
 #include <ATen/EmptyTensor.h>
@@ -83,10 +83,15 @@ at::Tensor lazy_clone(const at::Tensor& self) {
   return at::clone(self);
 }
 
+// Tensor.record_stream: relay orders a device's work on one stream, so memory
+// is never reused ahead of the stream that reads it.
+void record_stream(at::Tensor& /*self*/, c10::Stream /*stream*/) {}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
+  m.impl("record_stream", TORCH_FN(record_stream));
   m.impl("empty_strided", TORCH_FN(empty_strided));
   m.impl("resize_", TORCH_FN(resize_));
   m.impl("_lazy_clone", TORCH_FN(lazy_clone));

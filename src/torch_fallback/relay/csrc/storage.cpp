@@ -14,8 +14,18 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/COW.h>
 
+#include <torch/version.h>
 #include <torch_fallback/cuda.h>
 #include "relay.h"
+
+// torch.accelerator's memory calls ask the device's allocator for them as a
+// c10::DeviceAllocator (PyTorch 2.9 on); before, they did not exist.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
+#include <c10/core/CachingDeviceAllocator.h>
+#define RELAY_DEVICE_ALLOCATOR 1
+#else
+#define RELAY_DEVICE_ALLOCATOR 0
+#endif
 
 namespace torch_fallback::relay {
 namespace {
@@ -189,11 +199,42 @@ at::Tensor bytes_at(const void* ptr, size_t count, c10::Device device) {
                        at::TensorOptions().dtype(at::kByte).device(device));
 }
 
-class RelayAllocator final : public c10::Allocator {
+#if RELAY_DEVICE_ALLOCATOR
+using AllocatorBase = c10::DeviceAllocator;
+#else
+using AllocatorBase = c10::Allocator;
+#endif
+
+class RelayAllocator final : public AllocatorBase {
  public:
   c10::DataPtr allocate(size_t nbytes) override {
     return allocate_on(current_home(), current_device(), nbytes);
   }
+
+#if RELAY_DEVICE_ALLOCATOR
+  // torch.accelerator.memory_allocated, memory_stats, empty_cache, ... (and the
+  // libraries that call them, accelerate's clear_device_cache among them).
+  bool initialized() override { return true; }
+  // relay keeps no cache of its own: its GPU memory comes from CUDA's caching
+  // allocator, which torch.cuda.empty_cache() empties.
+  void emptyCache(c10::MempoolId_t /*mempool_id*/) override {}
+  // One ordered stream per device: memory is never reused ahead of its stream.
+  void recordStream(const c10::DataPtr& /*ptr*/, c10::Stream /*stream*/) override {}
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    const MemoryFigures figures = memory_figures(device);
+    c10::CachingDeviceAllocator::DeviceStats stats;
+    // relay holds exactly what its tensors hold: allocated, reserved and active agree.
+    for (auto* stat : {&stats.allocated_bytes, &stats.reserved_bytes, &stats.active_bytes,
+                       &stats.requested_bytes}) {
+      auto& all = (*stat)[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+      all.current = figures.allocated;
+      all.peak = figures.peak;
+    }
+    return stats;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex /*device*/) override {}
+  void resetPeakStats(c10::DeviceIndex device) override { reset_peak(device); }
+#endif
 
   // Raw copies (storage clones, copy-on-write materialization) between any two
   // homes: the pointers say where each side lives.
