@@ -64,6 +64,19 @@ def test_memory_figures_follow_allocations(placement):
     assert relay.max_memory_allocated() == before
 
 
+def test_generic_memory_calls_of_the_device_module(placement):
+    # What code written against torch.cuda asks of torch.get_device_module(device).
+    module = torch.get_device_module("relay")
+    x = torch.empty(1024, 1024, device="relay")
+    assert module.memory_reserved() == module.memory_allocated() >= x.nbytes
+    assert module.max_memory_reserved() == module.max_memory_allocated()
+    stats = module.memory_stats()
+    assert stats["allocated_bytes.all.current"] == module.memory_allocated()
+    assert stats["reserved_bytes.all.peak"] == module.max_memory_allocated()
+    free, total = module.mem_get_info()
+    assert 0 < free <= total
+
+
 @pytest.mark.skipif(
     not hasattr(torch.accelerator, "memory_allocated"),
     reason="torch.accelerator has memory calls from PyTorch 2.9",

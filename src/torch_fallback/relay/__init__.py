@@ -102,6 +102,35 @@ def reset_peak_memory_stats(device: DeviceLike | None = None) -> None:
     _ops.reset_peak_memory_stats(_index(device))
 
 
+def memory_reserved(device: DeviceLike | None = None) -> int:
+    """As memory_allocated: relay keeps no cache of its own."""
+    return memory_allocated(device)
+
+
+def max_memory_reserved(device: DeviceLike | None = None) -> int:
+    return max_memory_allocated(device)
+
+
+def memory_stats(device: DeviceLike | None = None) -> dict[str, int]:
+    """The figures torch.cuda.memory_stats gives under the same keys, for all pools."""
+    current, peak = memory_allocated(device), max_memory_allocated(device)
+    return {
+        f"{kind}.all.{figure}": value
+        for kind in ("allocated_bytes", "reserved_bytes", "active_bytes", "requested_bytes")
+        for figure, value in (("current", current), ("peak", peak))
+    }
+
+
+def mem_get_info(device: DeviceLike | None = None) -> tuple[int, int]:
+    """Free and total bytes where new relay tensors go: the GPU's with a CUDA home,
+    else the host's."""
+    if get_home() == "cuda":
+        index = _index(device)
+        return torch.cuda.mem_get_info(current_device() if index < 0 else index)
+    page = os.sysconf("SC_PAGE_SIZE")
+    return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
+
+
 def empty_cache() -> None:
     """Release cached GPU memory of CUDA-homed tensors (host memory is not cached)."""
     if torch.cuda.is_available():

@@ -216,8 +216,10 @@ class RelayAllocator final : public AllocatorBase {
   // libraries that call them, accelerate's clear_device_cache among them).
   bool initialized() override { return true; }
   // relay keeps no cache of its own: its GPU memory comes from CUDA's caching
-  // allocator, which torch.cuda.empty_cache() empties.
-  void emptyCache(c10::MempoolId_t /*mempool_id*/) override {}
+  // allocator, whose cache this empties, as torch.relay.empty_cache() does.
+  void emptyCache(c10::MempoolId_t /*mempool_id*/) override {
+    if (cuda::device_count() > 0) c10::getDeviceAllocator(c10::DeviceType::CUDA)->emptyCache();
+  }
   // One ordered stream per device: memory is never reused ahead of its stream.
   void recordStream(const c10::DataPtr& /*ptr*/, c10::Stream /*stream*/) override {}
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
