@@ -236,6 +236,16 @@ def test_autocast_follows_cudas_policy(placement, dtype):
     assert relay.is_bf16_supported()
 
 
+def test_autocast_to_float32_casts_half_inputs_up(placement):
+    # As CUDA's autocast takes it: enabled, and a float16 matmul runs in float32.
+    half = torch.randn(4, 4, device="relay", dtype=torch.float16)
+    with torch.autocast("relay", dtype=torch.float32):
+        assert torch.is_autocast_enabled("relay")
+        product = half @ half
+    assert product.dtype == torch.float32
+    torch.testing.assert_close(product.cpu(), half.cpu().float() @ half.cpu().float())
+
+
 def test_activation_checkpointing_gives_the_same_gradients(placement):
     torch.manual_seed(0)
     block = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1))

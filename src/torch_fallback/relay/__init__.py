@@ -215,11 +215,11 @@ def initial_seed() -> int:
 
 
 # Autocast: relay follows CUDA's policy (low precision matmuls and
-# convolutions, float32 reductions), in either low precision dtype.
+# convolutions, float32 reductions), in the dtypes CUDA's autocast takes.
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
-    return [torch.float16, torch.bfloat16]
+    return [torch.float16, torch.bfloat16, torch.float32]
 
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:
