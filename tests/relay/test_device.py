@@ -100,6 +100,21 @@ def test_torch_accelerator_memory_calls_read_relays_figures(placement):
     assert accelerator.max_memory_allocated() == before
 
 
+def test_timing_events_measure_the_work_between_them(placement):
+    start, end = relay.Event(enable_timing=True), relay.Event(enable_timing=True)
+    start.record()
+    x = torch.randn(256, 256, device="relay")
+    for _ in range(20):
+        x = torch.tanh(x @ x)
+    end.record()
+    end.synchronize()
+    assert start.elapsed_time(end) > 0.0
+    with pytest.raises(RuntimeError, match="enable_timing=True"):
+        relay.Event().elapsed_time(end)
+    with pytest.raises(RuntimeError, match="must be recorded"):
+        relay.Event(enable_timing=True).elapsed_time(end)
+
+
 def test_record_stream_on_relay_tensors_is_accepted(placement):
     # One ordered stream per device: nothing to record, as nothing is reused early.
     x = torch.ones(4, device="relay")

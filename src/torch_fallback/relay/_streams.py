@@ -9,6 +9,7 @@ satisfied, and a host-side wait is a device synchronize.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 
 import torch
@@ -25,9 +26,24 @@ class Event:
         self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
     ) -> None:
         self.device: torch.device | None = None
+        self.enable_timing = enable_timing
+        self._recorded_at: float | None = None
 
     def record(self, stream: Stream | None = None) -> None:
         self.device = (stream or current_stream()).device
+        if self.enable_timing:
+            # The device's one stream runs in order: once it is synchronized, the
+            # host's clock marks where the stream is.
+            _synchronize(self.device)
+            self._recorded_at = time.perf_counter()
+
+    def elapsed_time(self, end_event: Event) -> float:
+        """Milliseconds from this event to `end_event`, as CUDA events give them."""
+        if not (self.enable_timing and end_event.enable_timing):
+            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
+        if self._recorded_at is None or end_event._recorded_at is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        return (end_event._recorded_at - self._recorded_at) * 1000.0
 
     def wait(self, stream: Stream | None = None) -> None:
         """Nothing to wait for: work on the stream is already ordered after the event."""
