@@ -88,16 +88,37 @@ def test_a_foreach_op_refuses_a_cpu_tensor_in_its_lists():
     torch.testing.assert_close(on_relay.cpu(), torch.ones(3))
     with pytest.raises(RuntimeError, match=message):
         torch._foreach_mul([on_relay, on_cpu], 2.0)
-    with pytest.raises(RuntimeError, match=message):
-        torch._foreach_mul([on_relay, torch.tensor(1.0)], 2.0)
+    for in_place in (False, True):  # the in-place op has an unboxed kernel
+        with pytest.raises(RuntimeError, match=message):
+            (torch._foreach_mul_ if in_place else torch._foreach_mul)(
+                [on_relay, torch.tensor(1.0)], 2.0
+            )
 
 
-def test_a_foreach_op_takes_its_scalars_as_a_cpu_tensor():
+def test_a_foreach_op_takes_its_scalars_as_cpu_tensors():
     x = torch.randn(3)
     on_relay = relay(x)
     torch._foreach_mul_([on_relay], torch.tensor(2.0))
     torch._foreach_addcdiv_([on_relay], [on_relay], [on_relay], torch.tensor([0.5]))
     torch.testing.assert_close(on_relay.cpu(), x * 2 + 0.5)
+    # 0-dim CPU tensors in a later list, as CUDA's per-tensor path takes them.
+    (added,) = torch._foreach_add([on_relay], [torch.tensor(1.0)])
+    (larger,) = torch._foreach_maximum([on_relay], [torch.tensor(0.0)])
+    assert added.device.type == "relay" and larger.device.type == "relay"
+    torch.testing.assert_close(added.cpu(), x * 2 + 1.5)
+    torch.testing.assert_close(larger.cpu(), (x * 2 + 0.5).clamp(min=0))
+
+
+def test_foreach_copy_copies_between_relay_and_the_cpu():
+    # As CUDA's: one copy_ per tensor where the devices differ (FSDP's
+    # ShardedGradScaler copies its found_inf flags to the CPU so).
+    on_cpu = [torch.randn(3), torch.randn(2)]
+    on_relay = [relay(torch.zeros(3)), relay(torch.zeros(2))]
+    torch._foreach_copy_(on_relay, on_cpu)
+    back = [torch.zeros(3), torch.zeros(2)]
+    torch._foreach_copy_(back, on_relay)
+    for copied, original in zip(back, on_cpu, strict=True):
+        torch.testing.assert_close(copied, original)
 
 
 def test_an_optimizer_whose_state_stayed_on_the_cpu_says_what_to_do():

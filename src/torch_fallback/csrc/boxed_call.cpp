@@ -103,8 +103,9 @@ class FallbackCall {
     }
   }
 
-  // How a tensor came: as a Tensor argument, in a Tensor[] or in a Tensor?[].
-  enum class Passed { Alone, InList, InOptionalList };
+  // How a tensor came: as a Tensor argument, in the first Tensor[] (a _foreach_
+  // op's results follow it), in a later Tensor[], or in a Tensor?[].
+  enum class Passed { Alone, InFirstList, InLaterList, InOptionalList };
 
   void check_tensor_device(const at::Tensor& tensor, Passed passed) {
     if (!tensor.defined()) return;
@@ -123,20 +124,28 @@ class FallbackCall {
                   " and on ", device, "; move them to one device first.");
       return;
     }
-    // A _foreach_ op's lists hold one tensor per result: a CPU tensor there with
-    // backend tensors would give a backend result for a CPU input (CUDA gives each
-    // result on its input's device, and refuses to write across devices).
-    TORCH_CHECK(!(passed == Passed::InList && rules_.is_foreach), "torch_fallback: ", full_name(),
-                " got a tensor on ", device, " in a list together with ", backend_name(),
-                " tensors; all the tensors of its lists must be on ", backend_name(),
-                ". Move them there first (an optimizer's state stays on the device it was "
-                "made on: move the model before the optimizer's first step, or load the "
-                "optimizer's state_dict after the move).");
+    const bool in_list = passed == Passed::InFirstList || passed == Passed::InLaterList;
+    if (rules_.is_foreach && in_list && !rules_.copies_between_devices) {
+      // A _foreach_ op gives one result per tensor of its first list: a CPU tensor
+      // there would get a backend result (CUDA gives each result on its input's
+      // device, and refuses to write across devices). Its other lists may hold
+      // 0-dim CPU tensors, as scalars.
+      TORCH_CHECK(device.is_cpu() && tensor.dim() == 0 && passed == Passed::InLaterList,
+                  "torch_fallback: ", full_name(), " got a tensor on ", device,
+                  " in a list together with ", backend_name(), " tensors; the tensors of its ",
+                  "lists must be on ", backend_name(),
+                  " (0-dim CPU tensors excepted after the first list). Move them there first "
+                  "(an optimizer's state stays on the device it was made on: move the model "
+                  "before the optimizer's first step, or load the optimizer's state_dict after "
+                  "the move).");
+      return;
+    }
     // TensorIterator takes 0-dim CPU tensors as scalars on any device; as on
-    // CUDA, indexing takes its indices and _foreach_ ops their scalars on the CPU.
+    // CUDA, indexing takes its indices, _foreach_ ops their scalars and
+    // _foreach_copy_ its lists on the CPU.
     const bool cpu_allowed =
         tensor.dim() == 0 || (passed == Passed::InOptionalList && rules_.takes_cpu_indices) ||
-        (passed == Passed::Alone && rules_.is_foreach);
+        (rules_.is_foreach && (passed == Passed::Alone || rules_.copies_between_devices));
     TORCH_CHECK(device.is_cpu() && cpu_allowed, "torch_fallback: ", full_name(),
                 " got a tensor on ", device, " together with ", backend_name(),
                 " tensors; all its tensors must be on ", backend_name(),
@@ -200,10 +209,15 @@ class FallbackCall {
 
   void find_backend_device() {
     if (!rules_.generator_arguments.empty()) check_generator_devices();
+    bool first_list = true;
     for (const auto& arg : arguments_as_passed()) {
-      const Passed passed = arg.isTensorList()           ? Passed::InList
-                            : arg.isOptionalTensorList() ? Passed::InOptionalList
-                                                         : Passed::Alone;
+      Passed passed = Passed::Alone;
+      if (arg.isTensorList()) {
+        passed = first_list ? Passed::InFirstList : Passed::InLaterList;
+        first_list = false;
+      } else if (arg.isOptionalTensorList()) {
+        passed = Passed::InOptionalList;
+      }
       for_each_tensor_in(arg, [this, passed](const at::Tensor& tensor) {
         check_tensor_device(tensor, passed);
         nested_ = nested_ || (tensor.defined() && tensor.is_nested());

@@ -77,7 +77,14 @@ void DirectCall::offer(at::Tensor& written) {
 
 void DirectCall::offer(at::TensorList tensors) {
   const size_t single = tensors_;  // views of list elements go to view_lists_, not views_
-  for (const at::Tensor& tensor : tensors) offer(tensor);
+  for (const at::Tensor& tensor : tensors) {
+    // A _foreach_ op's first list gives its results: a CPU tensor there is the
+    // boxed fallback's to refuse.
+    if (lists_offered_ == 0 && tensor.defined() && tensor.device().type() != backend_.device_type) {
+      usable_ = false;
+    }
+    offer(tensor);
+  }
   tensors_ = single;
   list_tensors_ += tensors.size();
   // An in-place _foreach_ op writes its first list, which nothing may read meanwhile.

@@ -97,6 +97,7 @@ std::unique_ptr<OpRules> make_rules(const c10::OperatorHandle& op) {
   rules->unservable_result = unservable_result_of(rules->name);
   rules->takes_cpu_indices = indexing_op(rules->name);
   rules->is_foreach = starts_with(rules->name, "aten::_foreach_");
+  rules->copies_between_devices = starts_with(rules->name, "aten::_foreach_copy");
   // A DirectCall checks CPU tensors among the arguments by their values. Its
   // views are the backend's memory, so hidden writes (batch norm's running
   // statistics) land there as they do in eager.

@@ -40,6 +40,8 @@ struct OpRules {
   // A _foreach_ op: its Tensor[] arguments hold one tensor per result, and its
   // scalars may come as a CPU tensor, as on CUDA.
   bool is_foreach = false;
+  // _foreach_copy_, which copies between devices as CUDA's does (one copy_ per tensor).
+  bool copies_between_devices = false;
   // An op a DirectCall may run: it writes no argument but in place (no out=,
   // no resize, no hidden mutation), takes no generator, device or layout,
   // returns no view, and a backend tensor can hold its results.
