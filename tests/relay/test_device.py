@@ -115,6 +115,26 @@ def test_timing_events_measure_the_work_between_them(placement):
         relay.Event(enable_timing=True).elapsed_time(end)
 
 
+def test_generic_streams_and_events_of_relay(placement):
+    # torch.Stream and torch.Event, as device-generic code makes them.
+    stream = torch.Stream("relay")
+    assert stream.device.type == "relay"
+    x = torch.ones(4, device="relay") * 3
+    stream.synchronize()
+    assert stream.query()
+    start, end = torch.Event("relay", enable_timing=True), torch.Event("relay", enable_timing=True)
+    start.record()
+    y = x @ x
+    end.record()
+    end.synchronize()
+    if torch.cuda.is_available():  # relay's events are the GPU's CUDA events
+        assert start.elapsed_time(end) >= 0.0
+    else:
+        with pytest.raises(RuntimeError, match=r"use torch.relay.Event\(enable_timing=True\)"):
+            start.elapsed_time(end)
+    assert y.item() == 36.0
+
+
 def test_record_stream_on_relay_tensors_is_accepted(placement):
     # One ordered stream per device: nothing to record, as nothing is reused early.
     x = torch.ones(4, device="relay")

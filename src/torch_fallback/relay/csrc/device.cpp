@@ -99,6 +99,15 @@ struct RelayGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   c10::DeviceIndex deviceCount() const noexcept override { return relay::device_count(); }
 
+  // torch.Stream("relay"): a new CUDA stream of the device's GPU where one serves
+  // it, else the device's one stream.
+  c10::Stream getNewStream(c10::Device device, int priority) const override {
+    if (const auto* cuda = cuda_impl(device.index())) {
+      return as_relay(cuda->getNewStream({c10::kCUDA, device.index()}, priority), device);
+    }
+    return c10::Stream(c10::Stream::DEFAULT, device);
+  }
+
   c10::Stream getStreamFromGlobalPool(c10::Device device, bool high_priority) const override {
     if (const auto* cuda = cuda_impl(device.index())) {
       return as_relay(cuda->getStreamFromGlobalPool({c10::kCUDA, device.index()}, high_priority),
@@ -129,6 +138,14 @@ struct RelayGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
   void destroyEvent(void* event, c10::DeviceIndex index) const noexcept override {
     if (event != nullptr) c10::impl::getDeviceGuardImpl(c10::kCUDA)->destroyEvent(event, index);
+  }
+
+  double elapsedTime(void* start, void* end, const c10::DeviceIndex index) const override {
+    TORCH_CHECK(start != nullptr && end != nullptr,
+                "torch_fallback: torch.Event on relay times work only where a GPU serves the "
+                "device (a CUDA home or target); elsewhere use "
+                "torch.relay.Event(enable_timing=True), which times on the host.");
+    return c10::impl::getDeviceGuardImpl(c10::kCUDA)->elapsedTime(start, end, index);
   }
 
   bool queryStream(const c10::Stream& stream) const override {
