@@ -218,7 +218,9 @@ class RelayAllocator final : public AllocatorBase {
   // relay keeps no cache of its own: its GPU memory comes from CUDA's caching
   // allocator, whose cache this empties, as torch.relay.empty_cache() does.
   void emptyCache(c10::MempoolId_t /*mempool_id*/) override {
-    if (cuda::device_count() > 0) c10::getDeviceAllocator(c10::DeviceType::CUDA)->emptyCache();
+    if (cuda::device_count() == 0) return;
+    auto* cuda = dynamic_cast<c10::DeviceAllocator*>(c10::GetAllocator(c10::DeviceType::CUDA));
+    if (cuda != nullptr) cuda->emptyCache();
   }
   // One ordered stream per device: memory is never reused ahead of its stream.
   void recordStream(const c10::DataPtr& /*ptr*/, c10::Stream /*stream*/) override {}
