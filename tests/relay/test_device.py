@@ -115,6 +115,12 @@ def test_timing_events_measure_the_work_between_them(placement):
         relay.Event(enable_timing=True).elapsed_time(end)
 
 
+def test_relay_streams_name_devices_that_exist(placement):
+    assert relay.Stream() == relay.Stream("relay") == relay.Stream(relay.current_device())
+    with pytest.raises(IndexError, match="does not exist"):
+        relay.Stream(relay.device_count())
+
+
 def test_generic_streams_and_events_of_relay(placement):
     # torch.Stream and torch.Event, as device-generic code makes them.
     stream = torch.Stream("relay")

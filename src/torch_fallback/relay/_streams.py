@@ -63,15 +63,11 @@ class Stream:
     def __init__(
         self, device: int | str | torch.device | None = None, priority: int = 0, **kwargs: object
     ) -> None:
-        if device is None:
-            device = torch.relay.current_device()  # type: ignore[attr-defined]
-        self.device = (
-            torch.device(device)
-            if isinstance(device, str)
-            else torch.device("relay", device)
-            if isinstance(device, int)
-            else device
+        # relay:N as an index that exists (an IndexError otherwise), the current one for None.
+        index = torch.relay._utils._get_device_index(  # type: ignore[attr-defined]
+            torch.relay.current_device() if device is None else device  # type: ignore[attr-defined]
         )
+        self.device = torch.device("relay", index)
         self.priority = priority
 
     def wait_stream(self, stream: Stream) -> None:
