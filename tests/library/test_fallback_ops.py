@@ -237,6 +237,66 @@ def test_views_of_a_nested_tensor(placement):
     assert_matches(nested.unbind(), [parts[0], torch.zeros(4, 3)])
 
 
+def nested(parts, **kwargs):
+    return torch.nested.nested_tensor(parts, dtype=torch.float64, **kwargs)
+
+
+def assert_nested_matches(actual, expected) -> None:
+    assert actual.is_nested and actual.device.type == "relay"
+    assert_matches(actual.unbind(), expected.unbind())
+
+
+def test_nested_tensors_move_between_relay_and_the_cpu(placement):
+    parts = [torch.randn(2, 3, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)]
+    on_cpu = nested(parts, requires_grad=True)
+    on_relay = on_cpu.to("relay")
+    assert_nested_matches(on_relay, on_cpu)
+    back = on_relay.to("cpu")
+    assert back.device.type == "cpu" and back.is_nested
+    torch.nested.to_padded_tensor(on_relay * 2, 0.0).sum().backward()
+    assert_matches(
+        [part.to("relay") for part in on_cpu.grad.unbind()], [torch.full_like(p, 2) for p in parts]
+    )
+    target = nested([torch.zeros(2, 3), torch.zeros(4, 3)], device="relay")
+    target.copy_(on_cpu.detach())
+    assert_nested_matches(target, on_cpu.detach())
+
+
+def test_ops_on_two_different_nested_tensors(placement):
+    # Each nested argument's buffer is its own on the target.
+    a_parts = [torch.randn(2, 3, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)]
+    b_parts = [torch.randn(3, 5, dtype=torch.float64), torch.randn(3, 2, dtype=torch.float64)]
+    a, b = nested(a_parts), nested(b_parts)
+    ra, rb = a.to("relay"), b.to("relay")
+    assert_nested_matches(torch.bmm(ra, rb), torch.bmm(a, b))
+    assert_nested_matches(ra + ra * 2, a + a * 2)
+
+
+def test_matmul_and_linear_on_nested_tensors_train(placement):
+    # Their composite kernels cannot take nested tensors; the target's nested kernels run.
+    def run(device):
+        # Leaves on the device: a gradient through .to() of a transposed nested
+        # tensor fails in PyTorch's _to_copy_nested on any device.
+        torch.manual_seed(0)
+        made = [[torch.randn(2, 3, 4), torch.randn(2, 5, 4)] for _ in range(2)]
+        q, k = (nested(parts, device=device, requires_grad=True) for parts in made)
+        x = nested([torch.randn(3, 4), torch.randn(5, 4)], device=device, requires_grad=True)
+        weight = torch.randn(6, 4, dtype=torch.float64).to(device).requires_grad_()
+        scores = torch.matmul(q, k.transpose(-2, -1))
+        projected = torch.nn.functional.linear(x, weight)
+        loss = torch.nested.to_padded_tensor(scores, 0.0).sum()
+        loss = loss + torch.nested.to_padded_tensor(projected, 0.0).pow(2).sum()
+        loss.backward()
+        return scores, projected, q.grad, k.grad, x.grad, weight.grad
+
+    actual, expected = run("relay"), run("cpu")
+    for got, want in zip(actual, expected, strict=True):
+        if want.is_nested:
+            assert_nested_matches(got, want)
+        else:
+            assert_matches(got, want)
+
+
 def test_zero_dim_cpu_tensor_is_taken_as_a_scalar(placement):
     x = torch.randn(3)
     assert_matches(relay(x) * torch.tensor(2.5), x * 2.5)

@@ -405,6 +405,9 @@ class FallbackCall {
     if (const at::Tensor* known = targets_.find(key)) return *known;
     if (tensor.is_nested()) {
       return targets_.insert(key, map_nested_buffer(tensor, [this](const at::Tensor& buffer) {
+        // The buffer is a tensor made for this lookup: held for the call, so that
+        // another nested argument's buffer cannot reuse its address, the key of targets_.
+        nested_buffers_.push_back(buffer);
         return to_target(buffer);
       }));
     }
@@ -667,6 +670,7 @@ class FallbackCall {
   SmallMap<c10::StorageImpl*, bool> resizable_storages_;
   SmallMap<c10::StorageImpl*, StorageCopy, 2> storage_copies_;
   SmallMap<c10::TensorImpl*, at::Tensor> targets_;
+  std::vector<at::Tensor> nested_buffers_;  // the nested arguments' buffers, keys of targets_
   c10::SmallVector<c10::IValue, 8> originals_;
   c10::SmallVector<c10::IValue, 8> on_target_;
   detail::WrittenVersions written_versions_;

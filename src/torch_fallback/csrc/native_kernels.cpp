@@ -17,9 +17,12 @@
 #include <ATen/SDPBackend.h>
 #include <ATen/ops/_fused_sdp_choice.h>
 
+#include <ATen/ops/_to_copy_native.h>
 #include <ATen/ops/alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/chunk_native.h>
+#include <ATen/ops/copy_native.h>
+#include <ATen/ops/empty_like_native.h>
 #include <ATen/ops/narrow_native.h>
 #include <ATen/ops/select_native.h>
 #include <ATen/ops/split_with_sizes_native.h>
@@ -154,10 +157,17 @@ void register_view_kernels(torch::Library& aten, c10::DeviceType device_type) {
   impl("set_", TORCH_FN(set_empty));
 }
 
-void register_nested_view_kernels(torch::Library& nested) {
-  // PyTorch's views of nested tensors make views of the buffer, whatever its
-  // device, but are registered for the CPU's and CUDA's nested keys only.
+namespace detail {
+
+void register_nested_native_kernels(torch::Library& nested) {
+  // PyTorch's views, copies and empty_like of nested tensors work on the buffer,
+  // whatever its device, but are registered for the CPU's and CUDA's nested keys
+  // only. _to_copy(nested CPU tensor, device=<backend>) comes here, not to the
+  // CPU's kernel: BackendSelect adds the device argument's key.
   namespace native = at::native;
+  nested.impl("_to_copy", TORCH_FN(native::_to_copy_nested));
+  nested.impl("copy_", TORCH_FN(native::copy_nested_));
+  nested.impl("empty_like", TORCH_FN(native::empty_like_nested));
   nested.impl("alias", TORCH_FN(native::alias_nested));
   nested.impl("chunk", TORCH_FN(native::chunk_nested_tensor));
   nested.impl("narrow", TORCH_FN(native::narrow_nested_symint));
@@ -183,6 +193,8 @@ void register_nested_view_kernels(torch::Library& nested) {
     return native::view_nested(self, C10_AS_INTARRAYREF_SLOW(size));
   });
 }
+
+}  // namespace detail
 
 // Ops with their own CPU or CUDA kernel and a composite one that other devices
 // take: the composite may check less (addr_ on a 0-dim self) or compute

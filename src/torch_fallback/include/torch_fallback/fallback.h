@@ -150,11 +150,6 @@ TORCH_FALLBACK_API void copy_between(const BackendAdapter& backend, const at::Te
 // rebind a tensor's storage, so every backend needs them natively.
 TORCH_FALLBACK_API void register_view_kernels(torch::Library& aten, c10::DeviceType device_type);
 
-// The views of nested tensors (unbind, select, transpose, view, narrow,
-// split_with_sizes, chunk, (un)squeeze, alias, values), for
-// TORCH_LIBRARY_IMPL(aten, NestedTensor<backend>, m): PyTorch's own kernels,
-// which view the nested buffer on any device.
-TORCH_FALLBACK_API void register_nested_view_kernels(torch::Library& nested);
 
 // Ops whose composite (device-agnostic) kernels do not serve a third-party
 // device as eager serves CPU and CUDA, so they go to the fallback whole:

@@ -107,7 +107,7 @@ TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
 }
 
 TORCH_LIBRARY_IMPL(aten, NestedTensorPrivateUse1, m) {
-  torch_fallback::register_nested_view_kernels(m);
+  torch_fallback::register_nested_kernels<&backend>(m);
 }
 
 // Sparse relay tensors cannot be made; these give every attempt a clear error.
