@@ -75,6 +75,9 @@ def test_generic_memory_calls_of_the_device_module(placement):
     assert stats["reserved_bytes.all.peak"] == module.max_memory_allocated()
     free, total = module.mem_get_info()
     assert 0 < free <= total
+    assert module.get_device_name().startswith("relay")
+    properties = module.get_device_properties(0)
+    assert properties.name == module.get_device_name() and properties.total_memory == total
 
 
 @pytest.mark.skipif(

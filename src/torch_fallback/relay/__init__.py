@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import os
 import sys
 
@@ -129,6 +130,27 @@ def mem_get_info(device: DeviceLike | None = None) -> tuple[int, int]:
         return torch.cuda.mem_get_info(current_device() if index < 0 else index)
     page = os.sysconf("SC_PAGE_SIZE")
     return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceProperties:
+    """What code written for torch.cuda.get_device_properties reads most."""
+
+    name: str
+    total_memory: int
+
+
+def get_device_name(device: DeviceLike | None = None) -> str:
+    """relay, and where new relay tensors keep their memory."""
+    if get_home() == "cuda":
+        index = _index(device)
+        gpu = torch.cuda.get_device_name(current_device() if index < 0 else index)
+        return f"relay (memory on {gpu})"
+    return "relay (host memory)"
+
+
+def get_device_properties(device: DeviceLike | None = None) -> DeviceProperties:
+    return DeviceProperties(name=get_device_name(device), total_memory=mem_get_info(device)[1])
 
 
 def empty_cache() -> None:
