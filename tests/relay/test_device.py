@@ -101,6 +101,10 @@ def test_torch_accelerator_memory_calls_read_relays_figures(placement):
     assert accelerator.max_memory_allocated() == before + 4 * 1024 * 1024
     accelerator.reset_peak_memory_stats()
     assert accelerator.max_memory_allocated() == before
+    if hasattr(accelerator, "get_memory_info"):  # PyTorch 2.10 on; accelerate's device_map
+        free, total = accelerator.get_memory_info()
+        assert (free, total) == pytest.approx(relay.mem_get_info(), rel=0.05)
+        assert 0 < free <= total
 
 
 def test_timing_events_measure_the_work_between_them(placement):

@@ -1,5 +1,7 @@
 // relay memory: the allocator, the home of each storage, and zero-copy views
 // between relay storages and CPU or CUDA storages.
+#include <unistd.h>
+
 #include <array>
 #include <atomic>
 #include <map>
@@ -238,6 +240,20 @@ class RelayAllocator final : public AllocatorBase {
   }
   void resetAccumulatedStats(c10::DeviceIndex /*device*/) override {}
   void resetPeakStats(c10::DeviceIndex device) override { reset_peak(device); }
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 10)
+  // Free and total bytes where new relay tensors go (accelerate sizes
+  // device_map="auto" by it): the GPU's with a CUDA home, else the host's.
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
+    if (current_home() == Home::Cuda) {
+      auto* cuda = dynamic_cast<c10::DeviceAllocator*>(c10::GetAllocator(c10::DeviceType::CUDA));
+      TORCH_CHECK(cuda != nullptr, "torch_fallback: relay's CUDA home has no CUDA allocator.");
+      return cuda->getMemoryInfo(device < 0 ? current_device() : device);
+    }
+    const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    return {static_cast<size_t>(sysconf(_SC_AVPHYS_PAGES)) * page,
+            static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) * page};
+  }
+#endif
 #endif
 
   // Raw copies (storage clones, copy-on-write materialization) between any two
