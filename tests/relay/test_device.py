@@ -341,7 +341,10 @@ def test_pinned_memory_is_pinned(placement):
 
 def test_relay_factories_refuse_pinned_memory(placement):
     # As CUDA's: only dense CPU tensors can be pinned.
-    for make in (torch.empty, torch.zeros, torch.ones):
+    def strided(size, **options):
+        return torch.empty_strided((size,), (1,), **options)
+
+    for make in (torch.empty, torch.zeros, torch.ones, strided):
         with pytest.raises(RuntimeError, match="Only dense CPU tensors can be pinned"):
             make(3, device="relay", pin_memory=True)
 

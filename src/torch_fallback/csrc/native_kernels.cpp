@@ -2,6 +2,7 @@
 // metadata-only views, and the list of ops sent to the fallback whole.
 #include <torch_fallback/kernels.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <mutex>
@@ -108,6 +109,21 @@ bool returns_a_view(const c10::FunctionSchema& schema) {
   return false;
 }
 
+// The aten ops ("op" or "op.overload") for which `wanted` says yes.
+template <typename Wanted>
+std::vector<std::string> aten_ops_where(Wanted&& wanted) {
+  std::vector<std::string> names;
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    const auto op = dispatcher.findOp(name);
+    if (!op || !wanted(name, *op)) continue;
+    const std::string bare = name.name.substr(6);
+    names.push_back(name.overload_name.empty() ? bare : bare + "." + name.overload_name);
+  }
+  return names;
+}
+
 // scaled_dot_product_attention asks this stub which attention kernel to run.
 // Without it a third-party device gets the math path (a dozen ops and their
 // backwards); with it, the target's own choice, made by the target's
@@ -194,6 +210,22 @@ void register_nested_native_kernels(torch::Library& nested) {
   });
 }
 
+const std::vector<std::string>& nested_ops_run_whole() {
+  // Ops with a nested kernel for the CPU and a composite one that other devices'
+  // nested tensors take (matmul, linear): the composite reads sizes(), which a
+  // nested tensor has not. Views are registered natively; out= forms are left to
+  // the composite, as the fallback writes no nested result back.
+  static const std::vector<std::string> names =
+      aten_ops_where([](const c10::OperatorName& /*name*/, const c10::OperatorHandle& op) {
+        const auto& args = op.schema().arguments();
+        return op.hasKernelForDispatchKey(c10::DispatchKey::NestedTensorCPU) &&
+               op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) &&
+               !returns_a_view(op.schema()) &&
+               std::none_of(args.begin(), args.end(), [](const auto& arg) { return arg.is_out(); });
+      });
+  return names;
+}
+
 }  // namespace detail
 
 // Ops with their own CPU or CUDA kernel and a composite one that other devices
@@ -202,24 +234,14 @@ void register_nested_native_kernels(torch::Library& nested) {
 // tensor of the list: one fallback call each on the backend, where CUDA's
 // kernels launch a few.
 std::vector<std::string> ops_with_target_and_composite_kernels() {
-  std::vector<std::string> names;
-  auto& dispatcher = c10::Dispatcher::singleton();
-  for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
-    if (name.name.rfind("aten::", 0) != 0) continue;
-    const auto op = dispatcher.findOp(name);
+  return aten_ops_where([](const c10::OperatorName& name, const c10::OperatorHandle& op) {
     const bool foreach_op = name.name.rfind("aten::_foreach_", 0) == 0;
-    if (!op ||
-        !(foreach_op || op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
-          op->hasKernelForDispatchKey(c10::DispatchKey::CUDA)) ||
-        !(op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
-          op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional))) {
-      continue;
-    }
-    if (returns_a_view(op->schema())) continue;  // a backend registers views natively
-    const std::string bare = name.name.substr(6);
-    names.push_back(name.overload_name.empty() ? bare : bare + "." + name.overload_name);
-  }
-  return names;
+    return (foreach_op || op.hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+            op.hasKernelForDispatchKey(c10::DispatchKey::CUDA)) &&
+           (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+            op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) &&
+           !returns_a_view(op.schema());  // a backend registers views natively
+  });
 }
 
 const std::vector<std::string>& ops_run_whole() {

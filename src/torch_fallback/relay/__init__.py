@@ -126,8 +126,7 @@ def mem_get_info(device: DeviceLike | None = None) -> tuple[int, int]:
     """Free and total bytes where new relay tensors go: the GPU's with a CUDA home,
     else the host's."""
     if get_home() == "cuda":
-        index = _index(device)
-        return torch.cuda.mem_get_info(current_device() if index < 0 else index)
+        return torch.cuda.mem_get_info(_utils._get_device_index(device))
     page = os.sysconf("SC_PAGE_SIZE")
     return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
 
@@ -143,9 +142,7 @@ class DeviceProperties:
 def get_device_name(device: DeviceLike | None = None) -> str:
     """relay, and where new relay tensors keep their memory."""
     if get_home() == "cuda":
-        index = _index(device)
-        gpu = torch.cuda.get_device_name(current_device() if index < 0 else index)
-        return f"relay (memory on {gpu})"
+        return f"relay (memory on {torch.cuda.get_device_name(_utils._get_device_index(device))})"
     return "relay (host memory)"
 
 
@@ -275,7 +272,7 @@ class _Utils:
     """What torch.serialization asks of a device module."""
 
     @staticmethod
-    def _get_device_index(device: DeviceLike, optional: bool = False) -> int:
+    def _get_device_index(device: DeviceLike | None, optional: bool = False) -> int:
         index = _index(device)
         return current_device() if index < 0 else index
 

@@ -64,9 +64,7 @@ class Stream:
         self, device: int | str | torch.device | None = None, priority: int = 0, **kwargs: object
     ) -> None:
         # relay:N as an index that exists (an IndexError otherwise), the current one for None.
-        index = torch.relay._utils._get_device_index(  # type: ignore[attr-defined]
-            torch.relay.current_device() if device is None else device  # type: ignore[attr-defined]
-        )
+        index = torch.relay._utils._get_device_index(device)  # type: ignore[attr-defined]
         self.device = torch.device("relay", index)
         self.priority = priority
 

@@ -105,9 +105,8 @@ void register_kernels(torch::Library& aten) {
 template <const BackendAdapter& (*Adapter)()>
 void register_nested_kernels(torch::Library& nested) {
   detail::register_nested_native_kernels(nested);
-  for (const char* name :
-       {"matmul", "linear", "silu_backward", "value_selecting_reduction_backward"}) {
-    nested.impl(name, boxed_fallback_for<Adapter>());
+  for (const std::string& name : detail::nested_ops_run_whole()) {
+    nested.impl(name.c_str(), boxed_fallback_for<Adapter>());
   }
 }
 

@@ -203,6 +203,12 @@ at::Tensor bytes_at(const void* ptr, size_t count, c10::Device device) {
 
 #if RELAY_DEVICE_ALLOCATOR
 using AllocatorBase = c10::DeviceAllocator;
+
+// CUDA's caching allocator, which relay's GPU memory comes from, or null.
+c10::DeviceAllocator* cuda_allocator() {
+  if (cuda::device_count() == 0) return nullptr;
+  return dynamic_cast<c10::DeviceAllocator*>(c10::GetAllocator(c10::DeviceType::CUDA));
+}
 #else
 using AllocatorBase = c10::Allocator;
 #endif
@@ -220,9 +226,7 @@ class RelayAllocator final : public AllocatorBase {
   // relay keeps no cache of its own: its GPU memory comes from CUDA's caching
   // allocator, whose cache this empties, as torch.relay.empty_cache() does.
   void emptyCache(c10::MempoolId_t /*mempool_id*/) override {
-    if (cuda::device_count() == 0) return;
-    auto* cuda = dynamic_cast<c10::DeviceAllocator*>(c10::GetAllocator(c10::DeviceType::CUDA));
-    if (cuda != nullptr) cuda->emptyCache();
+    if (auto* cuda = cuda_allocator()) cuda->emptyCache();
   }
   // One ordered stream per device: memory is never reused ahead of its stream.
   void recordStream(const c10::DataPtr& /*ptr*/, c10::Stream /*stream*/) override {}
@@ -245,7 +249,7 @@ class RelayAllocator final : public AllocatorBase {
   // device_map="auto" by it): the GPU's with a CUDA home, else the host's.
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
     if (current_home() == Home::Cuda) {
-      auto* cuda = dynamic_cast<c10::DeviceAllocator*>(c10::GetAllocator(c10::DeviceType::CUDA));
+      auto* cuda = cuda_allocator();
       TORCH_CHECK(cuda != nullptr, "torch_fallback: relay's CUDA home has no CUDA allocator.");
       return cuda->getMemoryInfo(device < 0 ? current_device() : device);
     }

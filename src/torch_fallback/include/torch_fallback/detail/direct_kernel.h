@@ -140,8 +140,10 @@ TORCH_FALLBACK_API void register_autograd_kernel(c10::DeviceType device_type, co
 // kernel the fallback's target would choose, not the math path. A backend with
 // its own choice sets _fused_sdp_choice_stub after register_kernels.
 TORCH_FALLBACK_API void register_sdp_choice();
-// PyTorch's nested kernels that work on any device's buffer (register_nested_kernels).
+// PyTorch's nested kernels that work on any device's buffer, and the ops whose
+// composite kernels cannot take nested tensors (register_nested_kernels).
 TORCH_FALLBACK_API void register_nested_native_kernels(torch::Library& nested);
+TORCH_FALLBACK_API const std::vector<std::string>& nested_ops_run_whole();
 
 // How a DirectKernel runs its op on the target: the target's kernel for the op.
 template <typename Op>
