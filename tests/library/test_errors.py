@@ -54,13 +54,15 @@ def test_auto_target_without_a_gpu_runs_on_the_cpu():
 
 
 def test_an_op_returning_a_view_is_refused():
-    # The one aten view op with CPU/CUDA kernels only, so nothing but the fallback serves it.
-    buffer = relay(torch.randn(6))
-    sizes = relay(torch.tensor([[2], [4]]))
+    # Every aten view serves relay natively; a library's view op with a CPU
+    # kernel only reaches the fallback, which cannot return a view.
+    library = torch.library.Library("fallback_view_test", "DEF")
+    library.define("flat(Tensor(a) self) -> Tensor(a)")
+    library.impl("flat", lambda self: self.view(-1), "CPU")
     with pytest.raises(NotImplementedError, match="returns a view of its input") as error:
-        torch.ops.aten._nested_view_from_buffer(buffer, sizes, sizes, relay(torch.tensor([0, 2])))
-    assert "aten::_nested_view_from_buffer" in str(error.value)
-    assert torch_fallback.metrics()["aten::_nested_view_from_buffer"].errors == 1
+        torch.ops.fallback_view_test.flat(relay(torch.randn(2, 3)))
+    assert "fallback_view_test::flat" in str(error.value)
+    assert torch_fallback.metrics()["fallback_view_test::flat"].errors == 1
 
 
 def test_view_as_real_is_a_native_relay_view():

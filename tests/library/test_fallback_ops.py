@@ -7,6 +7,8 @@ through the fallback on the expected target.
 
 from __future__ import annotations
 
+import io
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -218,6 +220,90 @@ def test_window_function_made_by_a_dispatch_stub(placement, periodic):
     )
 
 
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int32, torch.int64])
+def test_histc_counts_integer_tensors_as_cuda_does(placement, dtype):
+    # Hugging Face's MoE layers count expert indices with histc on any device
+    # but the CPU; CUDA's kernel takes integers, the CPU's does not.
+    x = torch.randint(0, 10, (200,), dtype=dtype)
+    expected = torch.histc(x.double(), bins=5, min=0, max=9).to(dtype)
+    assert_matches(torch.histc(relay(x), bins=5, min=0, max=9), expected)
+    out = torch.empty(0, dtype=dtype, device="relay")
+    torch.histc(relay(x), bins=5, min=0, max=9, out=out)
+    assert_matches(out, expected)
+    with pytest.raises(RuntimeError, match="should have the same dtype"):
+        torch.histc(relay(x), bins=5, min=0, max=9, out=torch.empty(0, device="relay"))
+
+
+def test_ctc_loss_takes_lengths_on_the_cpu_under_torch_func(placement):
+    # torch.func reaches _ctc_loss.Tensor, whose CUDA kernel reads the lengths
+    # on the host: users keep them on the CPU.
+    log_probs = torch.randn(6, 2, 4, dtype=torch.float64).log_softmax(-1)
+    targets = torch.tensor([[1, 2], [3, 3]])
+    input_lengths, target_lengths = torch.tensor([6, 5]), torch.tensor([2, 2])
+
+    def loss(lp, tg):
+        return F.ctc_loss(lp, tg, input_lengths, target_lengths, reduction="sum")
+
+    assert_matches(
+        torch.func.grad(loss)(relay(log_probs), relay(targets)),
+        torch.func.grad(loss)(log_probs, targets),
+    )
+    args = (input_lengths, target_lengths)
+    # The loss only: log_alpha past an input's length is left unwritten.
+    assert_matches(
+        torch.ops.aten._ctc_loss.Tensor(relay(log_probs), relay(targets), *args)[0],
+        torch.ops.aten._ctc_loss.Tensor(log_probs, targets, *args)[0],
+    )
+
+
+def test_scaled_dot_product_attention_under_vmap(placement):
+    q, k = torch.randn(3, 2, 5, 8), torch.randn(3, 2, 5, 8)
+    mask = torch.rand(3, 5, 5) > 0.3
+
+    def attend(q, k, mask):
+        return F.scaled_dot_product_attention(q, k, k, attn_mask=mask)
+
+    assert_matches(
+        torch.vmap(attend)(relay(q), relay(k), relay(mask)), torch.vmap(attend)(q, k, mask)
+    )
+    assert_matches(
+        torch.vmap(attend, in_dims=(None, 0, None))(relay(q[0]), relay(k), relay(mask[0])),
+        torch.vmap(attend, in_dims=(None, 0, None))(q[0], k, mask[0]),
+    )
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.nn.Conv2d(3, 4, 3, padding=1),
+        lambda: torch.nn.ConvTranspose1d(3, 4, 3, stride=2),
+        lambda: torch.nn.Sequential(torch.nn.Conv1d(3, 4, 3), torch.nn.ReLU(), torch.nn.LSTM(6, 5)),
+    ],
+    ids=["conv2d", "conv-transpose", "conv-and-lstm"],
+)
+def test_jit_trace_records_the_ops_relay_runs(placement, make):
+    # The tracer leaves convolution unrecorded for the _convolution it calls:
+    # that must be called on relay's tensors, not on the target's.
+    torch.manual_seed(0)
+    module = make().double().eval()
+    x = torch.randn(2, 3, 8, dtype=torch.float64)
+    if isinstance(module, torch.nn.Conv2d):
+        x = x.unsqueeze(-1).expand(2, 3, 8, 8).contiguous()
+    expected = module(x)
+    module.to("relay")
+    traced = torch.jit.trace(module, (relay(x),), check_trace=False)
+    kinds = [node.kind() for node in traced.inlined_graph.nodes()]
+    assert any("convolution" in kind for kind in kinds), kinds
+    other = torch.randn_like(x)
+    assert_matches(traced(relay(x)), expected)
+    assert_matches(traced(relay(other)), make_reference(module, other))
+
+
+def make_reference(module, x):
+    with torch.no_grad():
+        return torch.jit.trace(module.cpu(), (x,), check_trace=False)(x)
+
+
 def test_views_of_a_nested_tensor(placement):
     parts = [torch.randn(2, 3), torch.randn(4, 3)]
     nested = torch.nested.nested_tensor([relay(part) for part in parts])
@@ -260,6 +346,18 @@ def test_nested_tensors_move_between_relay_and_the_cpu(placement):
     target = nested([torch.zeros(2, 3), torch.zeros(4, 3)], device="relay")
     target.copy_(on_cpu.detach())
     assert_nested_matches(target, on_cpu.detach())
+
+
+def test_nested_tensors_survive_save_and_load(placement):
+    parts = [torch.randn(2, 3), torch.randn(4, 3)]
+    saved = io.BytesIO()
+    torch.save(torch.nested.nested_tensor(parts).to("relay"), saved)
+    for map_location in [None, "relay"]:
+        saved.seek(0)
+        loaded = torch.load(saved, map_location=map_location, weights_only=True)
+        assert_nested_matches(loaded, torch.nested.nested_tensor(parts))
+    saved.seek(0)
+    assert torch.load(saved, map_location="cpu").device.type == "cpu"
 
 
 def test_ops_on_two_different_nested_tensors(placement):

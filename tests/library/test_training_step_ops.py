@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("placement")
 
 DIRECT_OPS = [
     "aten::add.Tensor", "aten::sub.Tensor", "aten::mul.Tensor", "aten::div.Tensor", "aten::mm",
-    "aten::bmm", "aten::addmm", "aten::convolution", "aten::convolution_backward", "aten::relu",
+    "aten::bmm", "aten::addmm", "aten::_convolution", "aten::convolution_backward", "aten::relu",
     "aten::threshold_backward", "aten::gelu", "aten::gelu_backward", "aten::_softmax",
     "aten::_softmax_backward_data", "aten::_log_softmax", "aten::_log_softmax_backward_data",
     "aten::native_layer_norm", "aten::native_layer_norm_backward", "aten::sum.dim_IntList",

@@ -281,6 +281,37 @@ def fsdp2(rank: int, world: int) -> dict[str, Any]:
     }
 
 
+def fsdp1(rank: int, world: int) -> dict[str, Any]:
+    """FSDP1 (FullyShardedDataParallel, one flat parameter per linear layer), which
+    records its shards on relay's streams (Tensor.record_stream) as on CUDA's."""
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    state, batches = make_data()
+    model = Net().double()
+    model.load_state_dict(state)
+    model = FullyShardedDataParallel(
+        model,
+        device_id=torch.device("relay", torch.relay.current_device()),  # type: ignore[attr-defined]
+        auto_wrap_policy=ModuleWrapPolicy({nn.Linear}),
+        sharding_strategy=ShardingStrategy.FULL_SHARD,
+        use_orig_params=True,
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for x, y in batches:
+        optimizer.zero_grad()
+        mine_x, mine_y = x.chunk(world)[rank].to("relay"), y.chunk(world)[rank].to("relay")
+        nn.functional.mse_loss(model(mine_x), mine_y).backward()
+        optimizer.step()
+    with FullyShardedDataParallel.summon_full_params(model):
+        full = {
+            n.replace("_fsdp_wrapped_module.", ""): p.detach().cpu().clone()
+            for n, p in model.named_parameters()
+        }
+        devices = sorted({p.device.type for p in model.parameters()})
+    return {"parameters": full, "devices": devices}
+
+
 def lost_peer(rank: int, world: int, dies: bool) -> dict[str, Any]:
     """Rank 1 never joins the all_reduce, stalling past the timeout or dying: rank 0 gets
     the engine's error (timeout, or the closed connection) instead of hanging."""
@@ -317,6 +348,7 @@ CASES: dict[str, Callable[[int, int], dict[str, Any]]] = {
     "stalled-peer": lambda r, w: lost_peer(r, w, dies=False),
     "dead-peer": lambda r, w: lost_peer(r, w, dies=True),
     "mixed-homes": mixed_homes,
+    "fsdp1": fsdp1,
     "fsdp2": fsdp2,
     **{
         f"ddp-{variant}": (lambda v: lambda r, w: ddp(r, w, v))(variant) for variant in DDP_VARIANTS

@@ -126,10 +126,11 @@ def test_ddp_trains_as_one_process_over_the_global_batch(setup, variant, tmp_pat
             )
 
 
+@pytest.mark.parametrize("case", ["fsdp1", "fsdp2"])
 @pytest.mark.parametrize("setup", ENGINES)
-def test_fsdp2_trains_as_one_process_over_the_global_batch(setup, tmp_path):
+def test_fsdp_trains_as_one_process_over_the_global_batch(setup, case, tmp_path):
     expected = reference_training("default")
-    for rank, result in enumerate(spawn("fsdp2", setup, tmp_path)):
+    for rank, result in enumerate(spawn(case, setup, tmp_path)):
         assert result["devices"] == ["relay"]
         for name, reference in expected.items():
             torch.testing.assert_close(
@@ -137,7 +138,7 @@ def test_fsdp2_trains_as_one_process_over_the_global_batch(setup, tmp_path):
                 reference,
                 rtol=1e-10,
                 atol=1e-12,
-                msg=lambda m, n=name, r=rank: f"rank {r}, FSDP2, {n}: {m}",
+                msg=lambda m, n=name, r=rank, c=case: f"rank {r}, {c}, {n}: {m}",
             )
 
 

@@ -104,8 +104,9 @@ class FallbackCall {
   }
 
   // How a tensor came: as a Tensor argument, in the first Tensor[] (a _foreach_
-  // op's results follow it), in a later Tensor[], or in a Tensor?[].
-  enum class Passed { Alone, InFirstList, InLaterList, InOptionalList };
+  // op's results follow it), in a later Tensor[], in a Tensor?[], or as an
+  // argument that CUDA's kernel reads on the host.
+  enum class Passed { Alone, InFirstList, InLaterList, InOptionalList, ReadOnHost };
 
   void check_tensor_device(const at::Tensor& tensor, Passed passed) {
     if (!tensor.defined()) return;
@@ -144,7 +145,8 @@ class FallbackCall {
     // CUDA, indexing takes its indices, _foreach_ ops their scalars and
     // _foreach_copy_ its lists on the CPU.
     const bool cpu_allowed =
-        tensor.dim() == 0 || (passed == Passed::InOptionalList && rules_.takes_cpu_indices) ||
+        tensor.dim() == 0 || passed == Passed::ReadOnHost ||
+        (passed == Passed::InOptionalList && rules_.takes_cpu_indices) ||
         (rules_.is_foreach && (passed == Passed::Alone || rules_.copies_between_devices));
     TORCH_CHECK(device.is_cpu() && cpu_allowed, "torch_fallback: ", full_name(),
                 " got a tensor on ", device, " together with ", backend_name(),
@@ -210,9 +212,13 @@ class FallbackCall {
   void find_backend_device() {
     if (!rules_.generator_arguments.empty()) check_generator_devices();
     bool first_list = true;
+    size_t index = 0;
     for (const auto& arg : arguments_as_passed()) {
       Passed passed = Passed::Alone;
-      if (arg.isTensorList()) {
+      if (std::find(rules_.host_read_arguments.begin(), rules_.host_read_arguments.end(),
+                    index++) != rules_.host_read_arguments.end()) {
+        passed = Passed::ReadOnHost;
+      } else if (arg.isTensorList()) {
         passed = first_list ? Passed::InFirstList : Passed::InLaterList;
         first_list = false;
       } else if (arg.isOptionalTensorList()) {
@@ -255,7 +261,10 @@ class FallbackCall {
       return;
     }
     target_ = c10::Device(c10::kCPU);
-    if (nested_ ? rules_.has_nested_cpu_kernel : rules_.has_cpu_kernel) return;
+    if (nested_ ? rules_.has_nested_cpu_kernel : rules_.has_cpu_kernel) {
+      decomposition_ = nested_ ? nullptr : rules_.cpu_runner;
+      return;
+    }
     decomposition_ = rules_.cpu_decomposition;
     TORCH_CHECK_NOT_IMPLEMENTED(
         decomposition_ != nullptr, "torch_fallback: ", full_name(),

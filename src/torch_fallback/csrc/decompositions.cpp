@@ -106,7 +106,43 @@ void gru_cell_backward(const c10::OperatorHandle&, Stack* stack) {
                    grad_hidden_bias);
 }
 
+// histc(self, bins, min, max) and histc.out(..., out): CUDA's kernel counts
+// integer tensors too (Hugging Face's MoE layers count expert indices with it on
+// any device but the CPU), the CPU's floating ones only. Counted in double,
+// which holds the integers and CUDA's bin arithmetic exactly below 2**53; the
+// result has the input's dtype, as CUDA's.
+void histc_of_integers(const c10::OperatorHandle& op, Stack* stack) {
+  const bool out_form = op.schema().arguments().size() == 5;
+  c10::IValue& self_slot = (*stack)[stack->size() - (out_form ? 5 : 4)];
+  const at::Tensor self = self_slot.toTensor();
+  if (!at::isIntegralType(self.scalar_type(), /*includeBool=*/false)) {
+    op.callBoxed(stack);
+    return;
+  }
+  self_slot = self.to(at::kDouble);
+  if (!out_form) {
+    op.callBoxed(stack);
+    stack->back() = stack->back().toTensor().to(self.scalar_type());
+    return;
+  }
+  const at::Tensor out = stack->back().toTensor();
+  TORCH_CHECK(out.scalar_type() == self.scalar_type(), "torch.histc: input tensor and ",
+              "hist tensor should have the same dtype, but got input ", self.scalar_type(),
+              " and hist ", out.scalar_type());
+  stack->back() = at::empty({0}, self.options().dtype(at::kDouble));
+  op.callBoxed(stack);
+  const at::Tensor counts = torch::jit::pop(*stack).toTensor();
+  out.resize_(counts.sizes());
+  out.copy_(counts);
+  torch::jit::push(*stack, out);
+}
+
 }  // namespace
+
+Decomposition cpu_runner(const std::string& full_name) {
+  if (full_name == "aten::histc" || full_name == "aten::histc.out") return &histc_of_integers;
+  return nullptr;
+}
 
 Decomposition cpu_decomposition(const std::string& full_name) {
   static const std::unordered_map<std::string, Decomposition> table{

@@ -3,7 +3,8 @@
 // for every non-CPU device: the fused LSTM and GRU cells, which nn.LSTM,
 // nn.GRU and their cells use for PrivateUse1 tensors. They follow the CUDA
 // kernels exactly, workspace layout included, so that a forward on one
-// target and a backward on the other agree.
+// target and a backward on the other agree. And CPU runs of ops whose CUDA
+// kernels take dtypes the CPU's do not.
 #include <ATen/core/stack.h>
 
 #include <string>
@@ -18,6 +19,10 @@ using Decomposition = void (*)(const c10::OperatorHandle& op, torch::jit::Stack*
 
 // The CPU decomposition of `full_name` ("aten::op.overload"), or nullptr.
 Decomposition cpu_decomposition(const std::string& full_name);
+
+// How the boxed fallback runs `full_name` on the CPU target where CUDA's kernel
+// takes inputs that the CPU's refuses (histc of integers), or nullptr.
+Decomposition cpu_runner(const std::string& full_name);
 
 // How the boxed fallback runs `full_name` on a CUDA target where eager CUDA
 // would choose another kernel than the op's own (batch_norm.cpp), or nullptr.

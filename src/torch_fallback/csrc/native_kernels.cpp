@@ -17,6 +17,7 @@
 #include <ATen/native/transformers/attention.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/ops/_fused_sdp_choice.h>
+#include <ATen/ops/_nested_view_from_buffer_native.h>
 
 #include <ATen/ops/_to_copy_native.h>
 #include <ATen/ops/alias_native.h>
@@ -136,10 +137,18 @@ struct SdpChoice<int64_t (*)(const at::Tensor&, const at::Tensor&, const at::Ten
                         Args... rest) {
     constexpr auto math = static_cast<int64_t>(at::SDPBackend::math);
     if (query.is_nested() || key.is_nested() || value.is_nested()) return math;
+    const std::optional<at::Tensor>& attn_mask = std::get<0>(std::forward_as_tuple(rest...));
+    // Under vmap: the target's chooser would be dispatched with batched tensors,
+    // and _fused_sdp_choice has no batching rule.
+    const auto batched = [](const at::Tensor& tensor) {
+      return tensor.defined() && tensor.key_set().has(c10::DispatchKey::FuncTorchBatched);
+    };
+    if (batched(query) || batched(key) || batched(value) || (attn_mask && batched(*attn_mask))) {
+      return math;
+    }
     // A mask that requires grad (a learned position bias: T5) rules out the fused
     // kernels, which do not differentiate it; the target's chooser would see
     // the fallback's target views, which carry no requires_grad.
-    const std::optional<at::Tensor>& attn_mask = std::get<0>(std::forward_as_tuple(rest...));
     if (attn_mask && attn_mask->defined() && attn_mask->requires_grad() &&
         at::GradMode::is_enabled()) {
       return math;
@@ -166,6 +175,8 @@ void register_view_kernels(torch::Library& aten, c10::DeviceType device_type) {
   impl("unfold", TORCH_FN(unfold));
   impl("view_as_real", TORCH_FN(at::native::view_as_real));
   impl("view_as_complex", TORCH_FN(at::native::view_as_complex));
+  // A nested tensor over a backend buffer: what torch.load rebuilds one with.
+  impl("_nested_view_from_buffer", TORCH_FN(at::native::_nested_view_from_buffer));
   if (device_type != c10::DeviceType::PrivateUse1) return;  // set_ grows storages by its hooks
   impl("set_.source_Storage", TORCH_FN(set_source_storage));
   impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage));
@@ -247,8 +258,10 @@ std::vector<std::string> ops_with_target_and_composite_kernels() {
 const std::vector<std::string>& ops_run_whole() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> names{
-        // convolution's composite kernel calls convolution_overrideable.
-        "convolution", "convolution_backward",
+        // _convolution's composite kernel calls convolution_overrideable. Not
+        // convolution, which the JIT tracer leaves unrecorded for the
+        // _convolution it calls: run whole, that would trace the target's.
+        "_convolution", "convolution_backward",
         // The composite norms compute differently from the CPU and CUDA kernels.
         "native_layer_norm_backward", "native_group_norm_backward",
         // cdist's: one fallback call instead of one per op it is made of.

@@ -24,6 +24,17 @@ const std::unordered_map<std::string, std::vector<std::string>>& hidden_mutation
   return table;
 }
 
+// Tensor arguments that CUDA's kernels read on the host, moving them there
+// themselves: functorch's transforms reach CTC through its Tensor overloads
+// with the lengths users keep on the CPU.
+const std::unordered_map<std::string, std::vector<std::string>>& host_read_table() {
+  static const std::unordered_map<std::string, std::vector<std::string>> table{
+      {"aten::_ctc_loss.Tensor", {"input_lengths", "target_lengths"}},
+      {"aten::_ctc_loss_backward.Tensor", {"input_lengths", "target_lengths"}},
+  };
+  return table;
+}
+
 bool starts_with(const std::string& text, const char* prefix) { return text.rfind(prefix, 0) == 0; }
 
 // Ops whose results are sparse or quantized tensors, by name.
@@ -96,6 +107,13 @@ std::unique_ptr<OpRules> make_rules(const c10::OperatorHandle& op) {
   }
   rules->unservable_result = unservable_result_of(rules->name);
   rules->takes_cpu_indices = indexing_op(rules->name);
+  if (const auto it = host_read_table().find(rules->full_name); it != host_read_table().end()) {
+    for (const auto& arg_name : it->second) {
+      if (const auto index = schema.argumentIndexWithName(arg_name)) {
+        rules->host_read_arguments.push_back(*index);
+      }
+    }
+  }
   rules->is_foreach = starts_with(rules->name, "aten::_foreach_");
   rules->copies_between_devices = starts_with(rules->name, "aten::_foreach_copy");
   // A DirectCall checks CPU tensors among the arguments by their values. Its
@@ -118,6 +136,7 @@ std::unique_ptr<OpRules> make_rules(const c10::OperatorHandle& op) {
       op.hasComputedKernelForDispatchKey(DispatchKey::NestedTensorCUDA);
   rules->cpu_decomposition = torch_fallback::cpu_decomposition(rules->full_name);
   rules->cuda_runner = torch_fallback::cuda_runner(rules->full_name);
+  rules->cpu_runner = torch_fallback::cpu_runner(rules->full_name);
   rules->counters = metrics::counters_for(rules->full_name);
   return rules;
 }

@@ -37,6 +37,9 @@ struct OpRules {
   std::string unservable_result;
   // An indexing op, whose indices (Tensor?[]) may be CPU tensors, as on CUDA.
   bool takes_cpu_indices = false;
+  // Tensor arguments that CUDA's kernel copies to the host itself (CTC's
+  // lengths), so they may be CPU tensors of any shape.
+  std::vector<size_t> host_read_arguments;
   // A _foreach_ op: its Tensor[] arguments hold one tensor per result, and its
   // scalars may come as a CPU tensor, as on CUDA.
   bool is_foreach = false;
@@ -58,6 +61,9 @@ struct OpRules {
   bool has_nested_cuda_kernel = false;
   // The CPU decomposition for an op the CPU has no kernel for, or nullptr.
   Decomposition cpu_decomposition = nullptr;
+  // How the op runs on the CPU target where CUDA's kernel takes inputs the
+  // CPU's refuses (histc of integers), or nullptr.
+  Decomposition cpu_runner = nullptr;
   // How the op runs on a CUDA target when eager would pick another kernel than
   // the op's own there (batch norm's cuDNN kernels), or nullptr.
   Decomposition cuda_runner = nullptr;

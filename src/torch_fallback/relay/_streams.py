@@ -15,6 +15,9 @@ from collections.abc import Iterator
 import torch
 
 
+_PRIVATE_USE1 = 20  # c10::DeviceType::PrivateUse1, the device type torch.Stream takes
+
+
 def _synchronize(device: torch.device) -> None:
     torch.relay.synchronize(device)  # type: ignore[attr-defined]
 
@@ -57,15 +60,28 @@ class Event:
             _synchronize(self.device)
 
 
-class Stream:
-    """relay's stream of ``device``: every relay stream of a device is the same one."""
+class Stream(torch.Stream):
+    """relay's stream of ``device``: every relay stream of a device is the same one.
+
+    A ``torch.Stream``, as ``torch.cuda.Stream`` is: code that takes a device's
+    streams generically (``Tensor.record_stream``, FSDP) takes it.
+    """
+
+    def __new__(
+        cls, device: int | str | torch.device | None = None, priority: int = 0, **kwargs: object
+    ) -> Stream:
+        if kwargs:  # torch.Stream's own form: stream_id, device_index, device_type
+            return super().__new__(cls, priority=priority, **kwargs)
+        # relay:N as an index that exists (an IndexError otherwise), the current one for None.
+        index = torch.relay._utils._get_device_index(device)  # type: ignore[attr-defined]
+        # Stream 0 of the device, as its guard's default: no new stream is made.
+        return super().__new__(
+            cls, stream_id=0, device_index=index, device_type=_PRIVATE_USE1, priority=priority
+        )
 
     def __init__(
         self, device: int | str | torch.device | None = None, priority: int = 0, **kwargs: object
     ) -> None:
-        # relay:N as an index that exists (an IndexError otherwise), the current one for None.
-        index = torch.relay._utils._get_device_index(device)  # type: ignore[attr-defined]
-        self.device = torch.device("relay", index)
         self.priority = priority
 
     def wait_stream(self, stream: Stream) -> None:

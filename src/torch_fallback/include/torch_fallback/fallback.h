@@ -153,7 +153,7 @@ TORCH_FALLBACK_API void register_view_kernels(torch::Library& aten, c10::DeviceT
 
 // Ops whose composite (device-agnostic) kernels do not serve a third-party
 // device as eager serves CPU and CUDA, so they go to the fallback whole:
-// convolution's calls convolution_overrideable, conj_physical_ and kaiser_window call a
+// _convolution's calls convolution_overrideable, conj_physical_ and kaiser_window call a
 // DispatchStub directly, and every op with its own CPU kernel besides a
 // composite one (addr, the norms) checks and computes as the CPU kernel does.
 TORCH_FALLBACK_API const std::vector<std::string>& ops_run_whole();

@@ -40,10 +40,12 @@ void register_kernels(torch::Library& aten) {
     aten.impl("where.self_out", TORCH_FN(detail::WhereOutKernel<Adapter>::call));
   }
   // The functional ops a training step calls most, run unboxed where they can be.
+  // _convolution, not convolution: the JIT tracer records the op convolution
+  // calls, so convolution must reach it on the backend's tensors.
   namespace ops = at::_ops;
   detail::register_direct_kernels<
       Adapter, ops::add_Tensor, ops::sub_Tensor, ops::mul_Tensor, ops::div_Tensor, ops::mm,
-      ops::bmm, ops::addmm, ops::convolution, ops::convolution_backward, ops::relu,
+      ops::bmm, ops::addmm, ops::_convolution, ops::convolution_backward, ops::relu,
       ops::threshold_backward, ops::gelu, ops::gelu_backward, ops::_softmax,
       ops::_softmax_backward_data, ops::_log_softmax, ops::_log_softmax_backward_data,
       ops::native_layer_norm, ops::native_layer_norm_backward, ops::sum_dim_IntList,

@@ -40,7 +40,7 @@
 #include <ATen/ops/cat_ops.h>
 #include <ATen/ops/ceil_ops.h>
 #include <ATen/ops/clamp_ops.h>
-#include <ATen/ops/convolution_ops.h>
+#include <ATen/ops/_convolution_ops.h>
 #include <ATen/ops/convolution_backward_ops.h>
 #include <ATen/ops/cos_ops.h>
 #include <ATen/ops/cumsum_ops.h>
