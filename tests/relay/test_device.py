@@ -128,6 +128,18 @@ def test_relay_streams_name_devices_that_exist(placement):
         relay.Stream(relay.device_count())
 
 
+def test_relay_streams_are_torch_streams(placement):
+    # As torch.cuda.Stream is: FSDP records tensors on the device's current stream.
+    stream = relay.current_stream()
+    assert isinstance(stream, torch.Stream) and stream.device == torch.device("relay", 0)
+    x = torch.ones(3, device="relay")
+    x.record_stream(stream)
+    x.record_stream(relay.Stream())
+    with relay.stream(stream):
+        assert (x + 1).device.type == "relay"
+    assert stream.query()
+
+
 def test_generic_streams_and_events_of_relay(placement):
     # torch.Stream and torch.Event, as device-generic code makes them.
     stream = torch.Stream("relay")
@@ -411,6 +423,20 @@ def test_sparse_tensors_are_refused_at_to_relay(placement, make):
     sparse = make(torch.eye(3))
     with pytest.raises((NotImplementedError, RuntimeError), match="relay"):
         sparse.to("relay")
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.quantize_per_tensor(torch.randn(4), 0.1, 0, torch.qint8).to("relay"),
+        lambda: torch.empty(3, dtype=torch.quint8, device="relay"),
+        lambda: torch.quantize_per_tensor(torch.randn(4, device="relay"), 0.1, 0, torch.qint8),
+    ],
+    ids=["moved", "made", "quantized-there"],
+)
+def test_quantized_tensors_are_refused_with_what_to_do(placement, make):
+    with pytest.raises(NotImplementedError, match=r"quantized .* which relay tensors cannot be"):
+        make()
 
 
 BACKWARD_BEFORE_IMPORT = """

@@ -89,7 +89,8 @@ class FallbackCall {
       TORCH_CHECK_NOT_IMPLEMENTED(!c10::isQIntType(dtype), "torch_fallback: ", full_name(),
                                   " would make a quantized (", dtype, ") tensor, which ",
                                   backend_name(),
-                                  " tensors cannot be. Quantize CPU or CUDA tensors instead.");
+                                  " tensors cannot be. Quantize CPU or CUDA tensors instead, "
+                                  "and dequantize one before moving it here (x.dequantize()).");
     }
     for (size_t i : rules_.layout_arguments) {
       const c10::IValue& arg = (*stack_)[first + i];

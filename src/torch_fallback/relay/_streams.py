@@ -14,7 +14,6 @@ from collections.abc import Iterator
 
 import torch
 
-
 _PRIVATE_USE1 = 20  # c10::DeviceType::PrivateUse1, the device type torch.Stream takes
 
 

@@ -110,7 +110,13 @@ TORCH_LIBRARY_IMPL(aten, NestedTensorPrivateUse1, m) {
   torch_fallback::register_nested_kernels<&backend>(m);
 }
 
-// Sparse relay tensors cannot be made; these give every attempt a clear error.
+// Sparse and quantized relay tensors cannot be made; these give every attempt
+// a clear error (Tensor.to("relay") of a quantized tensor reaches
+// empty_quantized at the quantized key).
+TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
+  m.fallback(torch_fallback::boxed_fallback_for<&backend>());
+}
+
 TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
   m.fallback(torch_fallback::boxed_fallback_for<&backend>());
 }
