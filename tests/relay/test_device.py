@@ -128,6 +128,15 @@ def test_relay_streams_name_devices_that_exist(placement):
         relay.Stream(relay.device_count())
 
 
+def test_a_negative_device_index_changes_nothing(placement):
+    # As torch.cuda's: `with device_module.device(t.get_device())` for a CPU tensor t.
+    cpu_index = torch.ones(1).get_device()
+    relay.set_device(cpu_index)
+    with relay.device(cpu_index):
+        assert relay.current_device() == 0
+    assert relay.current_device() == 0
+
+
 def test_relay_streams_are_torch_streams(placement):
     # As torch.cuda.Stream is: FSDP records tensors on the device's current stream.
     stream = relay.current_stream()

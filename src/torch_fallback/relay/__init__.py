@@ -63,8 +63,11 @@ def current_device() -> int:
 
 def set_device(device: DeviceLike) -> None:
     """Make `device` current, and with a GPU visible the GPU of the same index (relay:N
-    keeps its GPU memory on cuda:N); an index that does not exist is an IndexError."""
-    _ops.set_device(_index(device))
+    keeps its GPU memory on cuda:N); an index that does not exist is an IndexError, a
+    negative one does nothing (as for torch.cuda.set_device)."""
+    index = _index(device)
+    if index >= 0:
+        _ops.set_device(index)
 
 
 class device:
@@ -246,8 +249,9 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 
 def _index(device: DeviceLike | None) -> int:
-    """The relay device index named by `device`; -1 (the current one) for None."""
-    if device is None:
+    """The relay device index named by `device`; -1 (the current one) for None or a
+    negative index (a CPU tensor's get_device()), as torch.cuda takes them."""
+    if device is None or (isinstance(device, int) and device < 0):
         return -1
     if isinstance(device, int):
         _ops.check_device_index(device)
