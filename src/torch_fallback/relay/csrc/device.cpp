@@ -9,7 +9,9 @@
 
 #include <atomic>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/ApproximateClock.h>
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/profiler/stubs/base.h>
 #include <torch/version.h>
 
 #include <pthread.h>
@@ -197,7 +199,44 @@ struct RelayHooks final : public at::PrivateUse1HooksInterface {
   }
 };
 
+// torch.autograd.profiler.profile(use_device="relay") times relay's work with
+// these, as it times CUDA's with CUDA events. relay's work is done once its
+// device is synchronized (host-homed work when its call returns), so the host's
+// clock after a synchronize marks where the device is.
+struct RelayProfilerStubs final : torch::profiler::impl::ProfilerStubs {
+  void record(c10::DeviceIndex* device, torch::profiler::impl::ProfilerVoidEventStub* event,
+              int64_t* cpu_ns) const override {
+    const c10::DeviceIndex index = t_current_device;
+    if (device != nullptr) *device = index;
+    relay::synchronize(index);
+    const int64_t now = c10::getTime();
+    if (cpu_ns != nullptr) *cpu_ns = now;
+    *event = std::make_shared<int64_t>(now);
+  }
+  float elapsed(const torch::profiler::impl::ProfilerVoidEventStub* start,
+                const torch::profiler::impl::ProfilerVoidEventStub* end) const override {
+    const int64_t ns =
+        *static_cast<const int64_t*>(end->get()) - *static_cast<const int64_t*>(start->get());
+    return static_cast<float>(ns) / 1000.0f;  // microseconds, as CUDA's stubs give
+  }
+  void mark(const char* /*name*/) const override {}
+  void rangePush(const char* /*name*/) const override {}
+  void rangePop() const override {}
+  bool enabled() const override { return true; }
+  void onEachDevice(std::function<void(int)> op) const override {
+    const c10::DeviceIndex previous = t_current_device;
+    for (c10::DeviceIndex index = 0; index < relay::device_count(); ++index) {
+      relay::set_device(index);
+      op(index);
+    }
+    relay::set_device(previous);
+  }
+  void synchronize() const override { relay::synchronize(t_current_device); }
+};
+
 const bool g_hooks_registered = [] {
+  static RelayProfilerStubs profiler_stubs;
+  torch::profiler::impl::registerPrivateUse1Methods(&profiler_stubs);
   at::RegisterPrivateUse1HooksInterface(new RelayHooks());
   // Initialized at once (its init does nothing): PyTorch reports no pointer as
   // pinned for an accelerator not yet initialized, and DDP's reducer asserts that
