@@ -166,7 +166,7 @@ def test_relay_streams_are_torch_streams(placement):
 def test_generic_streams_and_events_of_relay(placement):
     # torch.Stream and torch.Event, as device-generic code makes them.
     stream = torch.Stream("relay")
-    assert stream.device.type == "relay"
+    assert stream.device == torch.device("relay", relay.current_device())
     x = torch.ones(4, device="relay") * 3
     stream.synchronize()
     assert stream.query()

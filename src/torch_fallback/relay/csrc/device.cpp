@@ -50,6 +50,11 @@ c10::Stream as_relay(const c10::Stream& cuda_stream, c10::Device device) {
   return c10::Stream(c10::Stream::UNSAFE, device, cuda_stream.id());
 }
 
+// torch.Stream("relay") names no index: the current device's, as CUDA's streams take it.
+c10::Device with_index(c10::Device device) {
+  return device.has_index() ? device : c10::Device(device.type(), t_current_device);
+}
+
 struct RelayGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   static constexpr c10::DeviceType static_type = c10::DeviceType::PrivateUse1;
 
@@ -80,14 +85,16 @@ struct RelayGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   // backward (on the engine's device thread), so relay's backward kernels run
   // where the forward's did: on a CUDA graph's capture stream, or on a side
   // stream. Without a GPU, work is ordered on the host: one stream.
-  c10::Stream getStream(c10::Device device) const override {
+  c10::Stream getStream(c10::Device named) const override {
+    const c10::Device device = with_index(named);
     if (const auto* cuda = cuda_impl(device.index())) {
       return as_relay(cuda->getStream({c10::kCUDA, device.index()}), device);
     }
     return c10::Stream(c10::Stream::DEFAULT, device);
   }
 
-  c10::Stream getDefaultStream(c10::Device device) const override {
+  c10::Stream getDefaultStream(c10::Device named) const override {
+    const c10::Device device = with_index(named);
     return c10::Stream(c10::Stream::DEFAULT, device);
   }
 
@@ -103,14 +110,16 @@ struct RelayGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   // torch.Stream("relay"): a new CUDA stream of the device's GPU where one serves
   // it, else the device's one stream.
-  c10::Stream getNewStream(c10::Device device, int priority) const override {
+  c10::Stream getNewStream(c10::Device named, int priority) const override {
+    const c10::Device device = with_index(named);
     if (const auto* cuda = cuda_impl(device.index())) {
       return as_relay(cuda->getNewStream({c10::kCUDA, device.index()}, priority), device);
     }
     return c10::Stream(c10::Stream::DEFAULT, device);
   }
 
-  c10::Stream getStreamFromGlobalPool(c10::Device device, bool high_priority) const override {
+  c10::Stream getStreamFromGlobalPool(c10::Device named, bool high_priority) const override {
+    const c10::Device device = with_index(named);
     if (const auto* cuda = cuda_impl(device.index())) {
       return as_relay(cuda->getStreamFromGlobalPool({c10::kCUDA, device.index()}, high_priority),
                       device);
