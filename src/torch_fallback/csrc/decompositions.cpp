@@ -125,10 +125,8 @@ void histc_of_integers(const c10::OperatorHandle& op, Stack* stack) {
     stack->back() = stack->back().toTensor().to(self.scalar_type());
     return;
   }
+  // CUDA's out= form copies its counts into `out`, whatever out's dtype.
   const at::Tensor out = stack->back().toTensor();
-  TORCH_CHECK(out.scalar_type() == self.scalar_type(), "torch.histc: input tensor and ",
-              "hist tensor should have the same dtype, but got input ", self.scalar_type(),
-              " and hist ", out.scalar_type());
   stack->back() = at::empty({0}, self.options().dtype(at::kDouble));
   op.callBoxed(stack);
   const at::Tensor counts = torch::jit::pop(*stack).toTensor();

@@ -17,6 +17,9 @@
 #include <ATen/native/transformers/attention.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/ops/_fused_sdp_choice.h>
+#include <ATen/ops/_nested_tensor_size_native.h>
+#include <ATen/ops/_nested_tensor_storage_offsets_native.h>
+#include <ATen/ops/_nested_tensor_strides_native.h>
 #include <ATen/ops/_nested_view_from_buffer_native.h>
 
 #include <ATen/ops/_to_copy_native.h>
@@ -162,6 +165,13 @@ struct SdpChoice<int64_t (*)(const at::Tensor&, const at::Tensor&, const at::Ten
 };
 using SdpChoiceFn = decltype(at::native::_fused_sdp_choice_stub)::FnPtr;
 
+// torch.load with map_location moves a nested tensor's sizes, strides and
+// offsets to the buffer's device; PyTorch's kernel reads them on the host.
+at::Tensor nested_view_from_buffer(const at::Tensor& buffer, const at::Tensor& sizes,
+                                   const at::Tensor& strides, const at::Tensor& offsets) {
+  return at::native::_nested_view_from_buffer(buffer, sizes.cpu(), strides.cpu(), offsets.cpu());
+}
+
 }  // namespace
 
 void register_view_kernels(torch::Library& aten, c10::DeviceType device_type) {
@@ -176,7 +186,7 @@ void register_view_kernels(torch::Library& aten, c10::DeviceType device_type) {
   impl("view_as_real", TORCH_FN(at::native::view_as_real));
   impl("view_as_complex", TORCH_FN(at::native::view_as_complex));
   // A nested tensor over a backend buffer: what torch.load rebuilds one with.
-  impl("_nested_view_from_buffer", TORCH_FN(at::native::_nested_view_from_buffer));
+  impl("_nested_view_from_buffer", TORCH_FN(nested_view_from_buffer));
   if (device_type != c10::DeviceType::PrivateUse1) return;  // set_ grows storages by its hooks
   impl("set_.source_Storage", TORCH_FN(set_source_storage));
   impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage));
@@ -193,6 +203,10 @@ void register_nested_native_kernels(torch::Library& nested) {
   // CPU's kernel: BackendSelect adds the device argument's key.
   namespace native = at::native;
   nested.impl("_to_copy", TORCH_FN(native::_to_copy_nested));
+  // The metadata, CPU tensors on every device (torch.save saves them).
+  nested.impl("_nested_tensor_size", TORCH_FN(native::_nested_tensor_size));
+  nested.impl("_nested_tensor_strides", TORCH_FN(native::_nested_tensor_strides));
+  nested.impl("_nested_tensor_storage_offsets", TORCH_FN(native::_nested_tensor_storage_offsets));
   nested.impl("copy_", TORCH_FN(native::copy_nested_));
   nested.impl("empty_like", TORCH_FN(native::empty_like_nested));
   nested.impl("alias", TORCH_FN(native::alias_nested));

@@ -24,13 +24,11 @@ const std::unordered_map<std::string, std::vector<std::string>>& hidden_mutation
   return table;
 }
 
-// Tensor arguments that CUDA's kernels read on the host, moving them there
-// themselves: functorch's transforms reach CTC through its Tensor overloads
-// with the lengths users keep on the CPU.
+// Tensor arguments that CUDA's kernels take on the host: the nested sizes that
+// to_padded_tensor's backward passes to _nested_from_padded.
 const std::unordered_map<std::string, std::vector<std::string>>& host_read_table() {
   static const std::unordered_map<std::string, std::vector<std::string>> table{
-      {"aten::_ctc_loss.Tensor", {"input_lengths", "target_lengths"}},
-      {"aten::_ctc_loss_backward.Tensor", {"input_lengths", "target_lengths"}},
+      {"aten::_nested_from_padded", {"cpu_nested_shape_example"}},
   };
   return table;
 }

@@ -37,8 +37,8 @@ struct OpRules {
   std::string unservable_result;
   // An indexing op, whose indices (Tensor?[]) may be CPU tensors, as on CUDA.
   bool takes_cpu_indices = false;
-  // Tensor arguments that CUDA's kernel copies to the host itself (CTC's
-  // lengths), so they may be CPU tensors of any shape.
+  // Tensor arguments that CUDA's kernel takes on the host (_nested_from_padded's
+  // sizes), so they may be CPU tensors of any shape.
   std::vector<size_t> host_read_arguments;
   // A _foreach_ op: its Tensor[] arguments hold one tensor per result, and its
   // scalars may come as a CPU tensor, as on CUDA.
