@@ -249,6 +249,32 @@ def test_scaled_dot_product_attention_under_vmap(placement):
     )
 
 
+def test_traced_attention_records_the_kernel_eager_runs(placement):
+    # torch.compile and make_fx trace relay's attention: the kernel choice must not
+    # be a traced call (AOTAutograd cannot partition it), and on the CPU target the
+    # trace runs CPU's flash kernel as eager relay and a CPU trace do.
+    from functorch.compile import aot_function, make_boxed_func
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def attend(q):
+        return F.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+    q = torch.randn(2, 2, 8, 16)
+    graph = make_fx(attend, tracing_mode="fake")(relay(q))
+    called = [str(node.target) for node in graph.graph.nodes if node.op == "call_function"]
+    assert not any("_fused_sdp_choice" in name for name in called), called
+    if placement.target == "cpu":
+        assert any("flash_attention_for_cpu" in name for name in called), called
+    compiled = aot_function(attend, fw_compiler=lambda gm, _: make_boxed_func(gm.forward))
+    on_relay, on_cpu = relay(q).requires_grad_(), q.clone().requires_grad_()
+    out = compiled(on_relay)
+    out.sum().backward()
+    expected = attend(on_cpu)
+    expected.sum().backward()
+    assert_matches(out.detach(), expected.detach())
+    assert_matches(on_relay.grad, on_cpu.grad)
+
+
 @pytest.mark.parametrize(
     "make",
     [

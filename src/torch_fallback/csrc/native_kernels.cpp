@@ -10,6 +10,7 @@
 #include <typeinfo>
 
 #include <ATen/EmptyTensor.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/Resize.h>
@@ -17,6 +18,7 @@
 #include <ATen/native/transformers/attention.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/ops/_fused_sdp_choice.h>
+#include <ATen/ops/_fused_sdp_choice_native.h>
 #include <ATen/ops/_nested_tensor_size_native.h>
 #include <ATen/ops/_nested_tensor_storage_offsets_native.h>
 #include <ATen/ops/_nested_tensor_strides_native.h>
@@ -156,11 +158,24 @@ struct SdpChoice<int64_t (*)(const at::Tensor&, const at::Tensor&, const at::Ten
         at::GradMode::is_enabled()) {
       return math;
     }
+    // The CPU's chooser reads shapes, strides and dtypes only: called as the CPU's
+    // attention calls it, with no dispatch, so that a trace (torch.compile, make_fx,
+    // fake tensors) records no call and picks the kernel eager picks.
+    if (!targets_cuda()) return at::native::_fused_sdp_choice_cpp(query, key, value, rest...);
+    // CUDA's chooser refuses other devices' tensors: it sees the target's, through
+    // the fallback. A trace would record that call and could not run it: traces on
+    // the CUDA target take the math path.
+    if (traced(query) || traced(key) || traced(value)) return math;
     const int64_t choice = at::_fused_sdp_choice(query, key, value, rest...);
     // For any device but CUDA, the flash choice runs the CPU's flash kernel.
-    const bool flash_on_cuda =
-        choice == static_cast<int64_t>(at::SDPBackend::flash_attention) && targets_cuda();
+    const bool flash_on_cuda = choice == static_cast<int64_t>(at::SDPBackend::flash_attention);
     return flash_on_cuda ? math : choice;
+  }
+
+  static bool traced(const at::Tensor& tensor) {
+    constexpr c10::DispatchKeySet tracing_keys({c10::DispatchKey::Python,
+                                                c10::DispatchKey::Functionalize});
+    return c10::impl::dispatch_mode_enabled() || tensor.key_set().has_any(tracing_keys);
   }
 };
 using SdpChoiceFn = decltype(at::native::_fused_sdp_choice_stub)::FnPtr;
