@@ -366,6 +366,18 @@ def test_nested_tensors_survive_save_and_load(placement):
     assert torch.load(saved, map_location="cpu").device.type == "cpu"
 
 
+def test_attention_on_jagged_nested_tensors(placement):
+    # Its math path views the buffer as a strided nested tensor (_nested_view_from_buffer).
+    parts = [torch.randn(3, 2, 8, dtype=torch.float64), torch.randn(5, 2, 8, dtype=torch.float64)]
+
+    def attend(device):
+        q = torch.nested.nested_tensor([p.to(device) for p in parts], layout=torch.jagged)
+        q = q.transpose(1, 2)
+        return F.scaled_dot_product_attention(q, q, q).unbind()
+
+    assert_matches(attend("relay"), attend("cpu"))
+
+
 def test_ops_on_two_different_nested_tensors(placement):
     # Each nested argument's buffer is its own on the target.
     a_parts = [torch.randn(2, 3, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)]
