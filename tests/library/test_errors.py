@@ -72,6 +72,22 @@ def test_view_as_real_is_a_native_relay_view():
     assert torch.count_nonzero(torch.view_as_real(z)).item() == 0
 
 
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda r: torch.sum(r, 0, out=torch.empty(())),
+        lambda r: torch.exp(r[1], out=torch.empty(())),
+        lambda r: torch.max(r, 0, out=(torch.empty(()), torch.empty((), dtype=torch.long))),
+        lambda r: torch.tensor(1.0).add_(r[1]),
+    ],
+    ids=["out", "out-of-0-dim", "two-outs", "in-place"],
+)
+def test_a_result_is_never_written_to_a_cpu_scalar(write):
+    # A 0-dim CPU tensor is a scalar an op may read; CUDA refuses to write one.
+    with pytest.raises(RuntimeError, match="would write its result into a tensor on cpu"):
+        write(relay(torch.arange(3.0)))
+
+
 def test_relay_and_a_non_scalar_cpu_tensor_in_one_op():
     with pytest.raises(
         RuntimeError, match="got a tensor on cpu together with relay tensors"
@@ -139,8 +155,12 @@ def test_indexing_takes_cpu_indices_but_not_a_cpu_tensor_to_index():
     x = torch.arange(6.0)
     index, mask = relay(torch.tensor([4, 1])), relay(x > 2)
     attempts = (lambda: x[index], lambda: x[mask], lambda: x.index_put_((index,), x[:2]))
+    refused = (
+        "got a tensor on cpu together with relay tensors"
+        "|would write its result into a tensor on cpu"
+    )
     for index_cpu_tensor in attempts:
-        with pytest.raises(RuntimeError, match="got a tensor on cpu together with relay tensors"):
+        with pytest.raises(RuntimeError, match=refused):
             index_cpu_tensor()
     torch.testing.assert_close(x, torch.arange(6.0))
     torch.testing.assert_close(relay(x)[index.cpu()].cpu(), x[torch.tensor([4, 1])])

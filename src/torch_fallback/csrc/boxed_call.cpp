@@ -104,10 +104,10 @@ class FallbackCall {
     }
   }
 
-  // How a tensor came: as a Tensor argument, in the first Tensor[] (a _foreach_
-  // op's results follow it), in a later Tensor[], in a Tensor?[], or as an
-  // argument that CUDA's kernel reads on the host.
-  enum class Passed { Alone, InFirstList, InLaterList, InOptionalList, ReadOnHost };
+  // How a tensor came: as a Tensor argument (one the op writes: in place or
+  // out=), in the first Tensor[] (a _foreach_ op's results follow it), in a later
+  // Tensor[], in a Tensor?[], or as an argument that CUDA's kernel reads on the host.
+  enum class Passed { Alone, Written, InFirstList, InLaterList, InOptionalList, ReadOnHost };
 
   void check_tensor_device(const at::Tensor& tensor, Passed passed) {
     if (!tensor.defined()) return;
@@ -142,6 +142,13 @@ class FallbackCall {
                   "the move).");
       return;
     }
+    // A 0-dim CPU tensor is a scalar the op reads, never one it writes: CUDA
+    // refuses to write a result to the CPU.
+    TORCH_CHECK(passed != Passed::Written, "torch_fallback: ", full_name(),
+                " would write its result into a tensor on ", device, " from ", backend_name(),
+                " tensors; the tensors an op writes (in place or out=) must be on ",
+                backend_name(), ". Write into a ", backend_name(),
+                " tensor, then copy it to the CPU.");
     // TensorIterator takes 0-dim CPU tensors as scalars on any device; as on
     // CUDA, indexing takes its indices, _foreach_ ops their scalars and
     // _foreach_copy_ its lists on the CPU.
@@ -214,17 +221,22 @@ class FallbackCall {
     if (!rules_.generator_arguments.empty()) check_generator_devices();
     bool first_list = true;
     size_t index = 0;
+    const auto listed = [](const std::vector<size_t>& indices, size_t index) {
+      return std::find(indices.begin(), indices.end(), index) != indices.end();
+    };
     for (const auto& arg : arguments_as_passed()) {
       Passed passed = Passed::Alone;
-      if (std::find(rules_.host_read_arguments.begin(), rules_.host_read_arguments.end(),
-                    index++) != rules_.host_read_arguments.end()) {
+      if (listed(rules_.host_read_arguments, index)) {
         passed = Passed::ReadOnHost;
+      } else if (arg.isTensor() && listed(rules_.written_arguments, index)) {
+        passed = Passed::Written;
       } else if (arg.isTensorList()) {
         passed = first_list ? Passed::InFirstList : Passed::InLaterList;
         first_list = false;
       } else if (arg.isOptionalTensorList()) {
         passed = Passed::InOptionalList;
       }
+      ++index;
       for_each_tensor_in(arg, [this, passed](const at::Tensor& tensor) {
         check_tensor_device(tensor, passed);
         nested_ = nested_ || (tensor.defined() && tensor.is_nested());
