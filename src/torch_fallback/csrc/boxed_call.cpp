@@ -221,8 +221,8 @@ class FallbackCall {
     if (!rules_.generator_arguments.empty()) check_generator_devices();
     bool first_list = true;
     size_t index = 0;
-    const auto listed = [](const std::vector<size_t>& indices, size_t index) {
-      return std::find(indices.begin(), indices.end(), index) != indices.end();
+    const auto listed = [](const std::vector<size_t>& indices, size_t i) {
+      return std::find(indices.begin(), indices.end(), i) != indices.end();
     };
     for (const auto& arg : arguments_as_passed()) {
       Passed passed = Passed::Alone;
