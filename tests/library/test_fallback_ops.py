@@ -134,6 +134,17 @@ def test_out_argument_that_must_grow(placement):
     assert_fell_back("aten::nonzero.out", placement.target)
 
 
+def test_out_argument_takes_the_layout_the_kernel_gives_it(placement):
+    # nonzero's kernels resize out= to (ndim, n) and transpose it, on the CPU and CUDA.
+    x = torch.tensor([[1.0, 0, 2], [0, 3, 4]])
+    expected = torch.empty(0, dtype=torch.long)
+    torch.nonzero(x, out=expected)
+    out = torch.empty(0, dtype=torch.long, device="relay")
+    torch.nonzero(relay(x), out=out)
+    assert_matches(out, expected)
+    assert out.stride() == expected.stride()
+
+
 def test_op_with_several_outputs_written_in_place(placement):
     x = torch.randn(4, 6)
     values, indices = relay(torch.empty(0)), relay(torch.empty(0, dtype=torch.long))

@@ -605,7 +605,17 @@ class FallbackCall {
     }
     const c10::Device home_device = backend_.home_device(original.storage());
     if (written.device() != home_device) record_.add_bytes_from_target(nbytes(written));
-    at::_copy_from_and_resize(written, original);
+    if (written.sizes() != original.sizes() && !written.is_contiguous() &&
+        written.is_non_overlapping_and_dense()) {
+      // The kernel resized its out= argument to a layout of its own (nonzero's
+      // transposed one): the backend's takes that layout too, as in eager.
+      original.resize_(written.sizes());
+      original.unsafeGetTensorImpl()->set_sizes_and_strides(written.sizes(), written.strides(),
+                                                            original.storage_offset());
+      original.copy_(written);
+    } else {
+      at::_copy_from_and_resize(written, original);
+    }
     // A copy to the host waits for the stream, and so for the queued copies.
     if (written.is_cuda() && home_device.is_cpu()) awaiting_copies_ = false;
   }
