@@ -253,6 +253,18 @@ def ddp(rank: int, world: int, variant: str) -> dict[str, Any]:
     }
 
 
+def train_on_my_shard(
+    model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], rank: int, world: int
+) -> None:
+    """SGD steps of a sharded model, each rank on its part of every global batch."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for x, y in batches:
+        optimizer.zero_grad()
+        mine_x, mine_y = x.chunk(world)[rank].to("relay"), y.chunk(world)[rank].to("relay")
+        nn.functional.mse_loss(model(mine_x), mine_y).backward()
+        optimizer.step()
+
+
 def fsdp2(rank: int, world: int) -> dict[str, Any]:
     """FSDP2 (fully_shard per linear layer and at the root) over a relay device mesh."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -267,12 +279,7 @@ def fsdp2(rank: int, world: int) -> dict[str, Any]:
         if isinstance(layer, nn.Linear):
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    for x, y in batches:
-        optimizer.zero_grad()
-        mine_x, mine_y = x.chunk(world)[rank].to("relay"), y.chunk(world)[rank].to("relay")
-        nn.functional.mse_loss(model(mine_x), mine_y).backward()
-        optimizer.step()
+    train_on_my_shard(model, batches, rank, world)
     full = {n: p.full_tensor() for n, p in model.named_parameters()}  # type: ignore[attr-defined]
     return {
         "parameters": {n: t.detach().cpu() for n, t in full.items()},
@@ -297,12 +304,7 @@ def fsdp1(rank: int, world: int) -> dict[str, Any]:
         sharding_strategy=ShardingStrategy.FULL_SHARD,
         use_orig_params=True,
     )
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    for x, y in batches:
-        optimizer.zero_grad()
-        mine_x, mine_y = x.chunk(world)[rank].to("relay"), y.chunk(world)[rank].to("relay")
-        nn.functional.mse_loss(model(mine_x), mine_y).backward()
-        optimizer.step()
+    train_on_my_shard(model, batches, rank, world)
     with FullyShardedDataParallel.summon_full_params(model):
         full = {
             n.replace("_fsdp_wrapped_module.", ""): p.detach().cpu().clone()

@@ -143,14 +143,6 @@ struct SdpChoice<int64_t (*)(const at::Tensor&, const at::Tensor&, const at::Ten
     constexpr auto math = static_cast<int64_t>(at::SDPBackend::math);
     if (query.is_nested() || key.is_nested() || value.is_nested()) return math;
     const std::optional<at::Tensor>& attn_mask = std::get<0>(std::forward_as_tuple(rest...));
-    // Under vmap: the target's chooser would be dispatched with batched tensors,
-    // and _fused_sdp_choice has no batching rule.
-    const auto batched = [](const at::Tensor& tensor) {
-      return tensor.defined() && tensor.key_set().has(c10::DispatchKey::FuncTorchBatched);
-    };
-    if (batched(query) || batched(key) || batched(value) || (attn_mask && batched(*attn_mask))) {
-      return math;
-    }
     // A mask that requires grad (a learned position bias: T5) rules out the fused
     // kernels, which do not differentiate it; the target's chooser would see
     // the fallback's target views, which carry no requires_grad.
@@ -159,24 +151,27 @@ struct SdpChoice<int64_t (*)(const at::Tensor&, const at::Tensor&, const at::Ten
       return math;
     }
     // The CPU's chooser reads shapes, strides and dtypes only: called as the CPU's
-    // attention calls it, with no dispatch, so that a trace (torch.compile, make_fx,
-    // fake tensors) records no call and picks the kernel eager picks.
+    // attention calls it, with no dispatch, so that a transform (vmap, a trace:
+    // torch.compile, make_fx, fake tensors) sees no call and the kernel eager picks.
     if (!targets_cuda()) return at::native::_fused_sdp_choice_cpp(query, key, value, rest...);
     // CUDA's chooser refuses other devices' tensors: it sees the target's, through
-    // the fallback. A trace would record that call and could not run it: traces on
-    // the CUDA target take the math path.
-    if (traced(query) || traced(key) || traced(value)) return math;
+    // the fallback. Under a transform that call would be batched (no batching rule)
+    // or recorded (and could not run): there the CUDA target takes the math path.
+    const auto transformed = [](const at::Tensor& tensor) {
+      return tensor.defined() && tensor.key_set().has_any(transform_keys);
+    };
+    if (c10::impl::dispatch_mode_enabled() || transformed(query) || transformed(key) ||
+        transformed(value) || (attn_mask && transformed(*attn_mask))) {
+      return math;
+    }
     const int64_t choice = at::_fused_sdp_choice(query, key, value, rest...);
     // For any device but CUDA, the flash choice runs the CPU's flash kernel.
     const bool flash_on_cuda = choice == static_cast<int64_t>(at::SDPBackend::flash_attention);
     return flash_on_cuda ? math : choice;
   }
 
-  static bool traced(const at::Tensor& tensor) {
-    constexpr c10::DispatchKeySet tracing_keys({c10::DispatchKey::Python,
-                                                c10::DispatchKey::Functionalize});
-    return c10::impl::dispatch_mode_enabled() || tensor.key_set().has_any(tracing_keys);
-  }
+  static constexpr c10::DispatchKeySet transform_keys{
+      c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::Python, c10::DispatchKey::Functionalize};
 };
 using SdpChoiceFn = decltype(at::native::_fused_sdp_choice_stub)::FnPtr;
 

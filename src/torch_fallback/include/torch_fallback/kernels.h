@@ -102,8 +102,9 @@ void register_kernels(torch::Library& aten) {
 // For TORCH_LIBRARY_IMPL(aten, NestedTensor<backend>, m), with the boxed
 // fallback as that key's fallback: PyTorch's own kernels for the views, copies,
 // device moves, empty_like and metadata (sizes, strides, offsets, kept on the
-// CPU) of nested tensors (they work on the buffer, on any device), and the fallback for the ops whose composite kernels would read a
-// nested tensor's sizes (matmul, linear), so that the target's nested kernels run.
+// CPU) of nested tensors (they work on the buffer, on any device), and the
+// fallback for the ops whose composite kernels would read a nested tensor's
+// sizes (matmul, linear), so that the target's nested kernels run.
 template <const BackendAdapter& (*Adapter)()>
 void register_nested_kernels(torch::Library& nested) {
   detail::register_nested_native_kernels(nested);
