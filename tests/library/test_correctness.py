@@ -257,6 +257,45 @@ def test_recurrent_cells_forward_and_backward_match_eager(placement, cell_type):
         torch.testing.assert_close(a, e)
 
 
+def fused_cell_calls(dtype):
+    """The fused cell ops nn.LSTM and nn.GRU call on non-CPU tensors, forward and
+    backward, on relay arguments of `dtype` (name, op, arguments, the results to compare)."""
+    torch.manual_seed(0)
+    batch, hidden = 5, 8
+
+    def t(*shape):
+        return torch.randn(*shape).to(dtype).to("relay")
+
+    lstm_gates = t(batch, 4 * hidden), t(batch, 4 * hidden)
+    lstm_biases = t(4 * hidden), t(4 * hidden)
+    gru_gates, gru_biases = (t(batch, 3 * hidden),) * 2, (t(3 * hidden),) * 2
+    cx, hx, grad = t(batch, hidden), t(batch, hidden), t(batch, hidden)
+    aten = torch.ops.aten
+    _, cy, lstm_workspace = aten._thnn_fused_lstm_cell(*lstm_gates, cx, *lstm_biases)
+    _, gru_workspace = aten._thnn_fused_gru_cell(*gru_gates, hx, *gru_biases)
+    return [
+        ("lstm", aten._thnn_fused_lstm_cell, (*lstm_gates, cx, *lstm_biases), 3),
+        ("gru", aten._thnn_fused_gru_cell, (*gru_gates, hx, *gru_biases), 2),
+        # The bias gradients are sums of the rounded gate gradients (left out).
+        ("lstm backward", aten._thnn_fused_lstm_cell_backward_impl,
+         (grad, grad, cx, cy, lstm_workspace, True), 2),
+        ("gru backward", aten._thnn_fused_gru_cell_backward, (grad, gru_workspace, True), 3),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_recurrent_cells_round_only_what_they_store(placement, dtype):
+    # CUDA's fused cells compute in float for half and bfloat16 and round their
+    # results once: in half precision they equal the float computation rounded.
+    for name, op, args, compared in fused_cell_calls(dtype):
+        in_float = [a.float() if isinstance(a, torch.Tensor) else a for a in args]
+        actual = op(*args)[:compared]
+        expected = [r.to(dtype) for r in op(*in_float)[:compared]]
+        for a, e in zip(actual, expected, strict=True):
+            assert a.dtype == dtype, name
+            torch.testing.assert_close(a.cpu(), e.cpu(), rtol=0, atol=0, msg=name)
+
+
 def test_op_without_a_kernel_on_the_target_names_it(placement):
     if placement.target != "cpu":
         pytest.skip("the CPU target is the one without CUDA-only kernels")

@@ -219,3 +219,52 @@ def test_autograd_sees_a_foreach_write_to_a_saved_tensor(placement, name, write,
             loss.backward()
     else:
         loss.backward()
+
+
+# Custom ops with kernels for CPU and CUDA only: relay tensors reach them through
+# the fallback. torch.library.custom_op counts a mutated argument's write in its
+# ADInplaceOrView layer, and the kernel's own in-place ops count theirs.
+@torch.library.custom_op("torch_fallback_tests::scale_", mutates_args=("x",),
+                         device_types=("cpu", "cuda"))  # fmt: skip
+def scale_(x: torch.Tensor, factor: float) -> None:
+    x.mul_(factor)
+
+
+@torch.library.custom_op("torch_fallback_tests::scaled_into", mutates_args=("out",),
+                         device_types=("cpu", "cuda"))  # fmt: skip
+def scaled_into(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    torch.mul(x, 2, out=out)
+    out.add_(1)
+    return x + 1
+
+
+# A kernel registered without custom_op's layers: only its own writes count.
+_LIBRARY = torch.library.Library("torch_fallback_tests", "DEF")
+_LIBRARY.define("plain_fill_(Tensor(a!) x, float value) -> ()")
+
+
+def _plain_fill_(x: torch.Tensor, value: float) -> None:
+    x.fill_(value)
+
+
+for _key in ("CPU", "CUDA"):
+    _LIBRARY.impl("plain_fill_", _plain_fill_, _key)
+
+CUSTOM_OP_CALLS = [
+    ("custom_op in place", lambda on: (lambda x: (scale_(x, 3.0), x)[1])(on(torch.randn(5)))),
+    ("custom_op out and result", lambda on: (lambda x, out: (scaled_into(x, out), out, x)[1:])(
+        on(torch.randn(4)), on(torch.zeros(4)))),
+    ("library kernel", lambda on: (lambda x: (torch.ops.torch_fallback_tests.plain_fill_(x, 2.0),
+                                              x)[1])(on(torch.randn(3)))),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, call", CUSTOM_OP_CALLS, ids=[n for n, _ in CUSTOM_OP_CALLS])
+def test_a_custom_op_counts_its_writes_as_eager_on_the_target_counts_them(placement, name, call):
+    expected = written_versions(call, eager_on_target(placement))
+    assert sum(expected) > 0
+    assert written_versions(call, lambda t: t.to("relay")) == expected
+    torch.manual_seed(0)
+    expected_values = call(eager_on_target(placement))
+    torch.manual_seed(0)
+    assert_same(call(lambda t: t.to("relay")), expected_values)

@@ -82,6 +82,16 @@ def test_generic_memory_calls_of_the_device_module(placement):
 
 
 @pytest.mark.skipif(
+    not hasattr(torch.accelerator, "get_device_capability"),
+    reason="torch.accelerator.get_device_capability is there from PyTorch 2.10",
+)
+def test_torch_accelerator_tells_the_dtypes_relay_holds(placement):
+    for device in (None, "relay", "relay:0", 0):
+        dtypes = torch.accelerator.get_device_capability(device)["supported_dtypes"]
+        assert {torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool} <= dtypes
+
+
+@pytest.mark.skipif(
     not hasattr(torch.accelerator, "memory_allocated"),
     reason="torch.accelerator has memory calls from PyTorch 2.9",
 )

@@ -506,6 +506,7 @@ class FallbackCall {
     }
     // What the kernel writes, for write_back (the kernel's outputs replace the stack).
     if (!rules_.written_arguments.empty()) {
+      counted_above_ = layers_above_run_again() ? 1 : 0;
       on_target_.assign(stack_->begin() + first, stack_->end());
       for (size_t i : rules_.written_arguments) watch_versions(originals_[i], on_target_[i]);
     }
@@ -543,7 +544,17 @@ class FallbackCall {
   void watch_version(const at::Tensor& original, const at::Tensor& on_target) {
     if (!original.defined() || watched_.find(original.unsafeGetTensorImpl()) != nullptr) return;
     watched_.insert(original.unsafeGetTensorImpl(), true);
-    written_versions_.watch(original, on_target);
+    written_versions_.watch(original, on_target, counted_above_);
+  }
+
+  // Whether the op's ADInplaceOrView kernel, which counted its write on the
+  // backend's tensor, will run again for the target's. An aten op's autograd
+  // kernel runs the backend's kernel below that layer; a custom op's layers
+  // (torch.library) redispatch past it instead, so the call the fallback makes
+  // from the top passes it again.
+  bool layers_above_run_again() const {
+    return !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView) &&
+           op_.hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView);
   }
 
   void call_op() {
@@ -706,6 +717,7 @@ class FallbackCall {
   c10::SmallVector<c10::IValue, 8> originals_;
   c10::SmallVector<c10::IValue, 8> on_target_;
   detail::WrittenVersions written_versions_;
+  uint32_t counted_above_ = 0;  // layers_above_run_again(), for each written tensor
   SmallMap<c10::TensorImpl*, bool> watched_;
   detail::CallRecord record_{rules_, /*unboxed=*/false};
 };

@@ -18,6 +18,17 @@ at::Tensor or_zeros(const at::Tensor& tensor, const at::Tensor& like) {
   return tensor.defined() ? tensor : at::zeros_like(like);
 }
 
+// CUDA's fused cells compute in float for half and bfloat16 tensors (their
+// accscalar_t) and round only what they store: the results and the workspace.
+// The decompositions do the same, one rounding per stored value instead of one per op.
+c10::ScalarType compute_type(c10::ScalarType stored) {
+  return at::isReducedFloatingType(stored) ? at::kFloat : stored;
+}
+
+at::Tensor computed_as(const at::Tensor& tensor, c10::ScalarType type) {
+  return tensor.defined() && tensor.scalar_type() != type ? tensor.to(type) : tensor;
+}
+
 // gates = input_gates + hidden_gates (+ both biases), as the CUDA kernels sum them.
 at::Tensor summed_gates(const at::Tensor& input_gates, const at::Tensor& hidden_gates,
                         const at::Tensor& input_bias, const at::Tensor& hidden_bias) {
@@ -30,9 +41,11 @@ at::Tensor summed_gates(const at::Tensor& input_gates, const at::Tensor& hidden_
 //   -> (hy, cy, workspace = activated gates [i, f, g, o])
 void lstm_cell(const c10::OperatorHandle&, Stack* stack) {
   auto args = torch::jit::pop(*stack, 5);
-  const at::Tensor gates = summed_gates(args[0].toTensor(), args[1].toTensor(),
-                                        optional_tensor(args[3]), optional_tensor(args[4]));
-  const at::Tensor& cx = args[2].toTensor();
+  const c10::ScalarType stored = args[0].toTensor().scalar_type();
+  const c10::ScalarType type = compute_type(stored);
+  const auto arg = [&](size_t i) { return computed_as(optional_tensor(args[i]), type); };
+  const at::Tensor gates = summed_gates(arg(0), arg(1), arg(3), arg(4));
+  const at::Tensor cx = arg(2);
   auto chunks = gates.chunk(4, 1);
   const at::Tensor ig = chunks[0].sigmoid();
   const at::Tensor fg = chunks[1].sigmoid();
@@ -40,39 +53,48 @@ void lstm_cell(const c10::OperatorHandle&, Stack* stack) {
   const at::Tensor og = chunks[3].sigmoid();
   const at::Tensor cy = fg * cx + ig * cg;
   const at::Tensor hy = og * cy.tanh();
-  torch::jit::push(*stack, hy, cy, at::cat({ig, fg, cg, og}, 1));
+  torch::jit::push(*stack, computed_as(hy, stored), computed_as(cy, stored),
+                   computed_as(at::cat({ig, fg, cg, og}, 1), stored));
 }
 
 // _thnn_fused_lstm_cell_backward_impl(grad_hy?, grad_cy?, cx, cy, workspace, has_bias)
 //   -> (grad_gates, grad_cx, grad_bias)
 void lstm_cell_backward(const c10::OperatorHandle&, Stack* stack) {
   auto args = torch::jit::pop(*stack, 6);
-  const at::Tensor& cx = args[2].toTensor();
-  const at::Tensor& cy = args[3].toTensor();
-  const at::Tensor& workspace = args[4].toTensor();
+  const c10::ScalarType stored = args[3].toTensor().scalar_type();
+  const c10::ScalarType type = compute_type(stored);
+  const auto arg = [&](size_t i) { return computed_as(optional_tensor(args[i]), type); };
+  const at::Tensor cx = arg(2);
+  const at::Tensor cy = arg(3);
+  const at::Tensor workspace = arg(4);
   const bool has_bias = args[5].toBool();
-  const at::Tensor grad_hy = or_zeros(optional_tensor(args[0]), cy);
-  const at::Tensor grad_cy = or_zeros(optional_tensor(args[1]), cy);
+  const at::Tensor grad_hy = or_zeros(arg(0), cy);
+  const at::Tensor grad_cy = or_zeros(arg(1), cy);
   auto chunks = workspace.chunk(4, 1);
   const at::Tensor &ig = chunks[0], &fg = chunks[1], &cg = chunks[2], &og = chunks[3];
   const at::Tensor tanh_cy = cy.tanh();
   const at::Tensor gcx = grad_hy * og * (1 - tanh_cy * tanh_cy) + grad_cy;
-  const at::Tensor grad_gates = at::cat({gcx * cg * (1 - ig) * ig, gcx * cx * (1 - fg) * fg,
-                                         gcx * ig * (1 - cg * cg), grad_hy * tanh_cy * (1 - og) * og},
-                                        1);
-  const at::Tensor grad_bias = has_bias ? grad_gates.sum(0) : at::Tensor();
-  torch::jit::push(*stack, grad_gates, gcx * fg, grad_bias);
+  const at::Tensor grad_gates = computed_as(
+      at::cat({gcx * cg * (1 - ig) * ig, gcx * cx * (1 - fg) * fg, gcx * ig * (1 - cg * cg),
+               grad_hy * tanh_cy * (1 - og) * og},
+              1),
+      stored);
+  const at::Tensor grad_bias = has_bias ? grad_gates.sum(0) : at::Tensor();  // as CUDA sums it
+  torch::jit::push(*stack, grad_gates, computed_as(gcx * fg, stored), grad_bias);
 }
 
 // _thnn_fused_gru_cell(input_gates, hidden_gates, hx, input_bias?, hidden_bias?)
 //   -> (hy, workspace = [r, z, n, hx, hidden n gate with its bias])
 void gru_cell(const c10::OperatorHandle&, Stack* stack) {
   auto args = torch::jit::pop(*stack, 5);
-  at::Tensor input_gates = args[0].toTensor();
-  at::Tensor hidden_gates = args[1].toTensor();
-  const at::Tensor& hx = args[2].toTensor();
-  const at::Tensor input_bias = optional_tensor(args[3]);
-  const at::Tensor hidden_bias = optional_tensor(args[4]);
+  const c10::ScalarType stored = args[0].toTensor().scalar_type();
+  const c10::ScalarType type = compute_type(stored);
+  const auto arg = [&](size_t i) { return computed_as(optional_tensor(args[i]), type); };
+  at::Tensor input_gates = arg(0);
+  at::Tensor hidden_gates = arg(1);
+  const at::Tensor hx = arg(2);
+  const at::Tensor input_bias = arg(3);
+  const at::Tensor hidden_bias = arg(4);
   if (input_bias.defined()) {
     input_gates = input_gates + input_bias;
     hidden_gates = hidden_gates + hidden_bias;
@@ -83,27 +105,30 @@ void gru_cell(const c10::OperatorHandle&, Stack* stack) {
   const at::Tensor ig = (in[1] + hid[1]).sigmoid();
   const at::Tensor ng = (in[2] + rg * hid[2]).tanh();
   const at::Tensor hy = ng + ig * (hx - ng);
-  torch::jit::push(*stack, hy, at::cat({rg, ig, ng, hx, hid[2]}, 1));
+  torch::jit::push(*stack, computed_as(hy, stored),
+                   computed_as(at::cat({rg, ig, ng, hx, hid[2]}, 1), stored));
 }
 
 // _thnn_fused_gru_cell_backward(grad_hy, workspace, has_bias)
 //   -> (grad_input_gates, grad_hidden_gates, grad_hx, grad_input_bias, grad_hidden_bias)
 void gru_cell_backward(const c10::OperatorHandle&, Stack* stack) {
   auto args = torch::jit::pop(*stack, 3);
-  const at::Tensor& grad_hy = args[0].toTensor();
+  const c10::ScalarType stored = args[0].toTensor().scalar_type();
+  const c10::ScalarType type = compute_type(stored);
+  const at::Tensor grad_hy = computed_as(args[0].toTensor(), type);
   const bool has_bias = args[2].toBool();
-  auto chunks = args[1].toTensor().chunk(5, 1);
+  auto chunks = computed_as(args[1].toTensor(), type).chunk(5, 1);
   const at::Tensor &rg = chunks[0], &ig = chunks[1], &ng = chunks[2], &hx = chunks[3],
                    &hn = chunks[4];
   const at::Tensor gig = grad_hy * (hx - ng) * (1 - ig) * ig;
   const at::Tensor gin = grad_hy * (1 - ig) * (1 - ng * ng);
   const at::Tensor grg = gin * hn * (1 - rg) * rg;
-  const at::Tensor grad_input_gates = at::cat({grg, gig, gin}, 1);
-  const at::Tensor grad_hidden_gates = at::cat({grg, gig, gin * rg}, 1);
+  const at::Tensor grad_input_gates = computed_as(at::cat({grg, gig, gin}, 1), stored);
+  const at::Tensor grad_hidden_gates = computed_as(at::cat({grg, gig, gin * rg}, 1), stored);
   const at::Tensor grad_input_bias = has_bias ? grad_input_gates.sum(0) : at::Tensor();
   const at::Tensor grad_hidden_bias = has_bias ? grad_hidden_gates.sum(0) : at::Tensor();
-  torch::jit::push(*stack, grad_input_gates, grad_hidden_gates, grad_hy * ig, grad_input_bias,
-                   grad_hidden_bias);
+  torch::jit::push(*stack, grad_input_gates, grad_hidden_gates,
+                   computed_as(grad_hy * ig, stored), grad_input_bias, grad_hidden_bias);
 }
 
 // histc(self, bins, min, max) and histc.out(..., out): CUDA's kernel counts

@@ -13,22 +13,24 @@
 namespace torch_fallback {
 namespace detail {
 
-void WrittenVersions::watch(const at::Tensor& backend, const at::Tensor& target) {
+void WrittenVersions::watch(const at::Tensor& backend, const at::Tensor& target,
+                            uint32_t counted_above) {
   c10::TensorImpl* backend_impl = backend.unsafeGetTensorImpl();
   c10::TensorImpl* target_impl = target.unsafeGetTensorImpl();
   if (backend_impl == target_impl || !backend_impl->version_counter().enabled() ||
       !target_impl->version_counter().enabled()) {
     return;
   }
-  watched_.push_back({backend_impl, target_impl, target_impl->version_counter().current_version()});
+  watched_.push_back({backend_impl, target_impl,
+                      target_impl->version_counter().current_version() + counted_above});
 }
 
 void WrittenVersions::pass_on_watched() const {
   // Backend views of one tensor share its count, as their target tensors'
   // writes would in eager; each target tensor is watched once.
   for (const Watched& watched : watched_) {
-    const uint32_t writes =
-        watched.target->version_counter().current_version() - watched.target_before;
+    const uint32_t now = watched.target->version_counter().current_version();
+    const uint32_t writes = now > watched.target_before ? now - watched.target_before : 0;
     for (uint32_t i = 0; i < writes; ++i) watched.backend->bump_version();
   }
 }

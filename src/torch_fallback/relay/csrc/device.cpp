@@ -18,6 +18,7 @@
 
 #include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <torch_fallback/cuda.h>
@@ -55,7 +56,25 @@ c10::Device with_index(c10::Device device) {
   return device.has_index() ? device : c10::Device(device.type(), t_current_device);
 }
 
-struct RelayGuardImpl final : public c10::impl::DeviceGuardImplInterface {
+// torch.accelerator.get_device_capability: relay tensors hold every dtype their
+// target does, which is what the default capability says. The query exists
+// from PyTorch 2.10; older interfaces lack the method, and get no override.
+template <typename Interface>
+concept TellsDeviceCapability =
+    requires(const Interface& guard, c10::Device device) { guard.getDeviceCapability(device); };
+
+template <typename Interface, bool = TellsDeviceCapability<Interface>>
+struct WithDeviceCapability : Interface {};
+
+template <typename Interface>
+struct WithDeviceCapability<Interface, true> : Interface {
+  auto getDeviceCapability(c10::Device device) const
+      -> decltype(std::declval<const Interface&>().getDeviceCapability(device)) override {
+    return {};
+  }
+};
+
+struct RelayGuardImpl final : public WithDeviceCapability<c10::impl::DeviceGuardImplInterface> {
   static constexpr c10::DeviceType static_type = c10::DeviceType::PrivateUse1;
 
   c10::DeviceType type() const override { return static_type; }

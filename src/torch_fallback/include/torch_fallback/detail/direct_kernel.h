@@ -239,7 +239,10 @@ class TORCH_FALLBACK_API CallRecord {
 // autograd sees the writes as it sees eager's. Each target tensor is watched once.
 class TORCH_FALLBACK_API WrittenVersions {
  public:
-  void watch(const at::Tensor& backend, const at::Tensor& target);
+  // `counted_above`: writes the target's count will show that the backend's
+  // tensor has counted already (a layer above the backend's key run again for
+  // the target tensor); they are not passed on.
+  void watch(const at::Tensor& backend, const at::Tensor& target, uint32_t counted_above = 0);
   // Calls that write no argument watch none: no call out of line for them.
   void pass_on() const {
     if (!watched_.empty()) pass_on_watched();
