@@ -218,6 +218,37 @@ def test_transformer_encoder_eval_fast_path_with_padding_mask(placement):
     torch.testing.assert_close(actual.cpu(), expected.cpu(), rtol=1e-4, atol=1e-5)
 
 
+# CPU tensors among the device's: what CUDA's kernels take, and what they refuse.
+
+
+def test_bernoulli_takes_its_probabilities_from_the_cpu_as_cuda_does(placement):
+    p = torch.rand(4, 5)
+    dev = reference_device(placement)
+    torch.manual_seed(3)
+    expected = torch.empty(4, 5, device=dev).bernoulli_(p)
+    torch.manual_seed(3)
+    actual = torch.empty(4, 5, device="relay").bernoulli_(p)
+    assert actual.device.type == "relay"
+    torch.testing.assert_close(actual.cpu(), expected.cpu())
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x, mask: torch.masked_select(x, mask),
+        lambda x, mask: x.masked_fill_(mask, 0.0),
+        lambda x, mask: torch.where(mask, x, x),
+        lambda x, mask: x.index_select(0, torch.tensor([0, 2])),
+        lambda x, mask: torch.lerp(x, x, torch.rand(4, 5)),
+    ],
+    ids=["masked_select", "masked_fill_", "where", "index_select", "lerp"],
+)
+def test_a_cpu_tensor_cuda_refuses_is_refused(placement, call):
+    x, mask = torch.randn(4, 5), torch.rand(4, 5) > 0.5
+    with pytest.raises(RuntimeError, match="on cpu"):
+        call(x.to("relay"), mask)
+
+
 # Zero tensors (autograd's placeholders for known-zero gradients).
 
 

@@ -24,11 +24,13 @@ const std::unordered_map<std::string, std::vector<std::string>>& hidden_mutation
   return table;
 }
 
-// Tensor arguments that CUDA's kernels take on the host: the nested sizes that
-// to_padded_tensor's backward passes to _nested_from_padded.
+// Tensor arguments that CUDA's kernels take from the CPU as they come: the nested
+// sizes that to_padded_tensor's backward passes to _nested_from_padded, which
+// they read on the host, and bernoulli_'s probabilities, which they move.
 const std::unordered_map<std::string, std::vector<std::string>>& host_read_table() {
   static const std::unordered_map<std::string, std::vector<std::string>> table{
       {"aten::_nested_from_padded", {"cpu_nested_shape_example"}},
+      {"aten::bernoulli_.Tensor", {"p"}},
   };
   return table;
 }

@@ -18,6 +18,7 @@
 
 #include <memory>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -60,16 +61,15 @@ c10::Device with_index(c10::Device device) {
 // target does, which is what the default capability says. The query exists
 // from PyTorch 2.10; older interfaces lack the method, and get no override.
 template <typename Interface>
-concept TellsDeviceCapability =
-    requires(const Interface& guard, c10::Device device) { guard.getDeviceCapability(device); };
+using DeviceCapabilityOf = decltype(std::declval<const Interface&>().getDeviceCapability(
+    std::declval<c10::Device>()));
 
-template <typename Interface, bool = TellsDeviceCapability<Interface>>
+template <typename Interface, typename = void>
 struct WithDeviceCapability : Interface {};
 
 template <typename Interface>
-struct WithDeviceCapability<Interface, true> : Interface {
-  auto getDeviceCapability(c10::Device device) const
-      -> decltype(std::declval<const Interface&>().getDeviceCapability(device)) override {
+struct WithDeviceCapability<Interface, std::void_t<DeviceCapabilityOf<Interface>>> : Interface {
+  DeviceCapabilityOf<Interface> getDeviceCapability(c10::Device /*device*/) const override {
     return {};
   }
 };
