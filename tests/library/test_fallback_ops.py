@@ -330,11 +330,28 @@ def test_views_of_a_nested_tensor(placement):
         lambda t: t.narrow(0, 1, 1).unbind(),
         lambda t: t.chunk(1, -1)[0].unbind(),
         lambda t: t.split_with_sizes([1, 2], -1)[1].unbind(),
+        lambda t: t.detach().unbind(),
     ]
     for view in views:
         assert_matches(view(nested), view(expected))
+    detached = nested.detach()
+    assert detached.is_nested and detached._base is None
     nested.unbind()[1].mul_(0)  # a view writes the nested tensor's memory
     assert_matches(nested.unbind(), [parts[0], torch.zeros(4, 3)])
+    assert_matches(detached.unbind(), [parts[0], torch.zeros(4, 3)])  # it shares that memory
+
+
+def test_an_op_pytorch_serves_for_no_nested_tensor_says_so(placement):
+    nested = torch.nested.nested_tensor([relay(torch.randn(2, 3)), relay(torch.randn(4, 3))])
+    with pytest.raises(NotImplementedError) as eager:
+        torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)]).mean(-1)
+    with pytest.raises(NotImplementedError, match="for nested tensors") as error:
+        nested.mean(-1)
+    assert "NestedTensorCPU" in str(eager.value)
+    if placement.target == "cuda":
+        assert "no CPU kernel for it either" in str(error.value)
+    elif torch.version.cuda is not None:  # a CUDA wheel knows CUDA has no kernel for it either
+        assert "no CUDA kernel for it either" in str(error.value)
 
 
 def nested(parts, **kwargs):

@@ -438,6 +438,32 @@ def test_compile_with_eager_backends(placement, backend):
     torch.testing.assert_close(compiled(x, y).cpu(), fn(x, y).cpu())
 
 
+def test_compiled_code_calls_relays_device_module(placement):
+    # As code written for torch.cuda calls it: the device index and count fold
+    # into the graph; seeding and generator state run eagerly between graphs.
+    torch._dynamo.reset()
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def scaled(x):
+        return x * (relay.current_device() + 1) + relay.device_count()
+
+    x = torch.ones(2, device="relay")
+    torch.testing.assert_close(scaled(x).cpu(), torch.full((2,), 1.0 + relay.device_count()))
+
+    def reseeded(x):
+        relay.manual_seed(7)
+        state = relay.get_rng_state()
+        first = torch.rand(3, device="relay")
+        relay.set_rng_state(state)
+        with relay.device(0):
+            again = torch.rand(3, device="relay")
+        return x + first - again + relay.initial_seed()
+
+    x = torch.zeros(3, device="relay")
+    torch.testing.assert_close(torch.compile(reseeded, backend="eager")(x).cpu(), reseeded(x).cpu())
+    torch.testing.assert_close(reseeded(x).cpu(), torch.full((3,), 7.0))
+
+
 def test_compile_with_inductor_is_refused_naming_relay(placement):
     torch._dynamo.reset()
     compiled = torch.compile(lambda x: x.sin() + 1, backend="inductor")

@@ -29,6 +29,7 @@
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/chunk_native.h>
 #include <ATen/ops/copy_native.h>
+#include <ATen/ops/detach_native.h>
 #include <ATen/ops/empty_like_native.h>
 #include <ATen/ops/narrow_native.h>
 #include <ATen/ops/select_native.h>
@@ -220,6 +221,7 @@ void register_nested_native_kernels(torch::Library& nested) {
   nested.impl("copy_", TORCH_FN(native::copy_nested_));
   nested.impl("empty_like", TORCH_FN(native::empty_like_nested));
   nested.impl("alias", TORCH_FN(native::alias_nested));
+  nested.impl("detach", TORCH_FN(native::detach));
   nested.impl("chunk", TORCH_FN(native::chunk_nested_tensor));
   nested.impl("narrow", TORCH_FN(native::narrow_nested_symint));
   nested.impl("select.int", [](const at::Tensor& self, int64_t dim, c10::SymInt index) {

@@ -52,15 +52,28 @@ def _is_in_bad_fork() -> bool:
     return False
 
 
+# torch.compile traces this module's code. The current index reads through
+# torch.accelerator (relay is its accelerator once imported), which Dynamo
+# folds into a constant with a guard, as it folds torch.cuda's; the calls that
+# change host state (generators, the current device) run eagerly, a graph
+# break, where tracing their ops would fail.
+_accelerator = getattr(torch, "accelerator", None)
+_host_call = torch.compiler.disable
+
+
+@torch.compiler.assume_constant_result  # fixed for the process, as torch.cuda's
 def device_count() -> int:
     """relay:i keeps its GPU memory on cuda:i: one device per visible GPU, at least one."""
-    return _ops.device_count()
+    return _ops.device_count()  # what torch.accelerator.device_count() asks
 
 
 def current_device() -> int:
+    if hasattr(_accelerator, "current_device_index"):
+        return _accelerator.current_device_index()
     return _ops.current_device()
 
 
+@_host_call
 def set_device(device: DeviceLike) -> None:
     """Make `device` current, and with a GPU visible the GPU of the same index (relay:N
     keeps its GPU memory on cuda:N); an index that does not exist is an IndexError, a
@@ -77,11 +90,13 @@ class device:
         self.index = -1 if device is None else _index(device)
         self.previous = -1
 
+    @_host_call
     def __enter__(self) -> None:
         self.previous = current_device()
         if self.index >= 0:
             set_device(self.index)
 
+    @_host_call
     def __exit__(self, *exc_info: object) -> None:
         set_device(self.previous)
 
@@ -192,14 +207,17 @@ def home_is_page_locked(tensor: torch.Tensor) -> bool:
 # its GPU, so seeded relay draws equal seeded eager draws on the target.
 
 
+@_host_call
 def default_generator(device: DeviceLike | None = None) -> torch.Generator:
     return _ops.default_generator(_index(device))
 
 
+@_host_call
 def get_rng_state(device: DeviceLike = NAME) -> torch.Tensor:
     return default_generator(device).get_state()
 
 
+@_host_call
 def set_rng_state(new_state: torch.Tensor, device: DeviceLike = NAME) -> None:
     default_generator(device).set_state(new_state.cpu())
 
@@ -213,25 +231,30 @@ def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
         set_rng_state(state, index)
 
 
+@_host_call
 def manual_seed(seed: int) -> None:
     default_generator().manual_seed(int(seed))
 
 
+@_host_call
 def manual_seed_all(seed: int) -> None:
     # torch.manual_seed calls this for custom devices.
     for index in range(device_count()):
         default_generator(index).manual_seed(int(seed))
 
 
+@_host_call
 def seed() -> int:
     return default_generator().seed()
 
 
+@_host_call
 def seed_all() -> None:
     seed_value = default_generator().seed()
     manual_seed_all(seed_value)
 
 
+@_host_call
 def initial_seed() -> int:
     return default_generator().initial_seed()
 
