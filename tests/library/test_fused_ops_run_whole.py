@@ -288,3 +288,20 @@ def test_native_batch_norm_returns_what_eager_returns(placement, training):
     for a, e in zip(actual, expected, strict=True):
         assert a.device.type == "relay" and a.shape == e.shape and a.dtype == e.dtype
         torch.testing.assert_close(a.cpu(), e.cpu())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_op_with_its_own_kernel_and_an_implicit_composite_runs_the_kernel(placement, dtype):
+    # mish_backward has CPU and CUDA kernels and a composite that other devices
+    # take, which rounds otherwise: relay runs the target's kernel, as eager.
+    torch.manual_seed(0)
+    x, grad = torch.randn(64, dtype=dtype), torch.randn(64, dtype=dtype)
+    dev = "cuda" if placement.target == "cuda" else "cpu"
+    expected = torch.ops.aten.mish_backward(grad.to(dev), x.to(dev))
+    torch_fallback.reset_metrics()
+    actual = torch.ops.aten.mish_backward(grad.to("relay"), x.to("relay"))
+    assert fallback_ops() == {"aten::mish_backward": 1}
+    torch.testing.assert_close(actual.cpu(), expected.cpu(), rtol=0, atol=0)
+    leaf = x.to("relay").requires_grad_()
+    F.mish(leaf).backward(grad.to("relay"))
+    torch.testing.assert_close(leaf.grad.cpu(), expected.cpu(), rtol=0, atol=0)

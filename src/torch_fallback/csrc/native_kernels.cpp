@@ -267,16 +267,22 @@ const std::vector<std::string>& nested_ops_run_whole() {
 
 // Ops with their own CPU or CUDA kernel and a composite one that other devices
 // take: the composite may check less (addr_ on a 0-dim self) or compute
-// differently. And the _foreach_ ops, whose composite kernels run one op per
-// tensor of the list: one fallback call each on the backend, where CUDA's
-// kernels launch a few.
+// differently (mish_backward's, an implicit one, rounds otherwise than the CPU's
+// kernel). And the _foreach_ ops, whose composite kernels run one op per tensor
+// of the list: one fallback call each on the backend, where CUDA's kernels
+// launch a few. An op whose implicit composite is all CUDA has, besides its own
+// kernel, keeps it: the CPU target would have no kernel to run it whole.
 std::vector<std::string> ops_with_target_and_composite_kernels() {
   return aten_ops_where([](const c10::OperatorName& name, const c10::OperatorHandle& op) {
     const bool foreach_op = name.name.rfind("aten::_foreach_", 0) == 0;
-    return (foreach_op || op.hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
-            op.hasKernelForDispatchKey(c10::DispatchKey::CUDA)) &&
-           (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
-            op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) &&
+    const bool on_cpu = op.hasKernelForDispatchKey(c10::DispatchKey::CPU);
+    const bool explicit_composite =
+        (foreach_op || on_cpu || op.hasKernelForDispatchKey(c10::DispatchKey::CUDA)) &&
+        (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+         op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional));
+    const bool implicit_composite =
+        on_cpu && op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+    return (explicit_composite || implicit_composite) &&
            !returns_a_view(op.schema());  // a backend registers views natively
   });
 }
