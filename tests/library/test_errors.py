@@ -40,8 +40,12 @@ def test_cuda_home_without_a_usable_gpu_fails_at_the_first_allocation():
     if torch.cuda.device_count() > 0:
         pytest.skip("a GPU is visible here, so a CUDA home is valid")
     torch_fallback.relay.set_home("cuda")
-    with pytest.raises(RuntimeError, match="relay tensor with home 'cuda'"):
-        torch.empty(3, device="relay")
+    for target in ("cpu", "auto"):  # the home is what fails, whatever the target
+        torch_fallback.set_target(target)
+        with pytest.raises(RuntimeError, match="relay's home is 'cuda'") as error:
+            torch.empty(3, device="relay")
+        assert "set_home('cpu')" in str(error.value)
+        assert "Use the CPU target" not in str(error.value)
 
 
 def test_auto_target_without_a_gpu_runs_on_the_cpu():

@@ -2,7 +2,8 @@
 
 For each model and placement: the weights tied in the model stay tied on relay,
 the eval outputs, greedy generate() ids, AdamW losses, parameters and buffers
-equal eager's. The CPU cells run zoo.CORE; ``nox -s models`` and the GPU run all.
+equal eager's. The CUDA-wheel cells run zoo.CORE; the CPU cell, ``nox -s models`` and
+the GPU run all.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ torch and transformers, so the eager reference process (zoo_runner) can share it
 without importing torch_fallback.
 
 Adding a model: one ``ZooModel`` in ``ZOO`` with its config class, its model class
-and the kind of inputs it takes; ``CORE`` lists the ones the CPU cells run on every
-change (the rest run in ``nox -s models`` and on the GPU).
+and the kind of inputs it takes; ``CORE`` lists the ones the CUDA-wheel cells run (the
+others are marked slow; the CPU cell, ``nox -s models`` and the GPU run them all).
 """
 
 from __future__ import annotations

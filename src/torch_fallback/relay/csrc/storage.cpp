@@ -172,9 +172,23 @@ c10::Allocator* host_allocator() {
   return c10::GetCPUAllocator();
 }
 
+// A GPU home needs a GPU; without one, the way out is the host home, whatever the target.
+C10_NOINLINE void refuse_gpu_home() {
+  TORCH_CHECK(false, "torch_fallback: relay's home is 'cuda' (torch_fallback.relay.set_home('cuda') ",
+              "or TORCH_FALLBACK_RELAY_HOME=cuda), which keeps relay tensors in GPU memory, but ",
+              cuda::built() ? "no GPU is visible (torch.cuda.device_count() == 0)"
+                            : "this PyTorch was built without CUDA",
+              ". Keep them in host memory: torch_fallback.relay.set_home('cpu'), or unset "
+              "TORCH_FALLBACK_RELAY_HOME.");
+}
+
+void check_gpu_home_usable() {
+  if (C10_UNLIKELY(cuda::device_count() == 0)) refuse_gpu_home();
+}
+
 c10::DataPtr allocate_on(Home home, c10::DeviceIndex index, size_t nbytes) {
   if (home == Home::Host) return relay_data_ptr(storage_from(host_allocator(), nbytes), index);
-  cuda::check_usable("a relay tensor with home 'cuda' (TORCH_FALLBACK_RELAY_HOME=cuda)");
+  check_gpu_home_usable();
   TORCH_CHECK(index < cuda::device_count(), "torch_fallback: relay:", static_cast<int>(index),
               " homes its memory on cuda:", static_cast<int>(index), ", but only ",
               static_cast<int>(cuda::device_count()), " GPU(s) are visible.");
@@ -348,7 +362,7 @@ c10::Storage home_storage(const c10::Storage& storage) {
 
 c10::Device output_home(c10::DeviceIndex index) {
   if (current_home() == Home::Host) return c10::Device(c10::kCPU);
-  cuda::check_usable("a relay tensor with home 'cuda' (TORCH_FALLBACK_RELAY_HOME=cuda)");
+  check_gpu_home_usable();
   return c10::Device(c10::kCUDA, index);
 }
 
