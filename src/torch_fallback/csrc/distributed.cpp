@@ -8,6 +8,8 @@
 // c10d::Backend pointers, so this library links no NCCL and no CUDA.
 #include "distributed.h"
 
+#include <c10/core/Event.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -16,6 +18,8 @@
 #include <torch_fallback/fallback.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <optional>
 #include <string>
 #include <utility>
@@ -91,6 +95,28 @@ using WorkPtr = c10::intrusive_ptr<Work>;
 using Tensors = std::vector<at::Tensor>;
 using TensorLists = std::vector<std::vector<at::Tensor>>;
 
+// Whether the device's guard records events. A future on devices records one
+// per device as it completes, on the thread that completes it (the engine's,
+// where nothing would catch a guard's refusal): a backend whose guard has no
+// events gets a future on no device, completed on the host, as a CPU tensor's is.
+bool records_events(c10::Device device) {
+  enum : int8_t { kUnknown, kYes, kNo };
+  static std::array<std::atomic<int8_t>, c10::COMPILE_TIME_MAX_DEVICE_TYPES> known{};
+  std::atomic<int8_t>& slot = known[static_cast<size_t>(device.type())];
+  int8_t state = slot.load(std::memory_order_relaxed);
+  if (C10_UNLIKELY(state == kUnknown)) {
+    state = kYes;
+    try {
+      c10::Event event(device.type());
+      event.record(c10::impl::getDeviceGuardImpl(device.type())->getStream(device));
+    } catch (const c10::Error&) {
+      state = kNo;
+    }
+    slot.store(state, std::memory_order_relaxed);
+  }
+  return state == kYes;
+}
+
 // A collective's Work: the engine's, with the device's tensors as its result and
 // as its future's value (DDP's reducer copies that value into the gradients).
 class HomeWork : public Work {
@@ -126,6 +152,10 @@ class HomeWork : public Work {
         devices.push_back(output.device());
       }
       storages.emplace_back(output.storage().getWeakStorageImpl());
+    }
+    if (!devices.empty() && !records_events(devices.front())) {
+      devices.clear();
+      storages.clear();
     }
     future_ = c10::make_intrusive<c10::ivalue::Future>(
         c10::ListType::create(c10::TensorType::get()), std::move(devices));
