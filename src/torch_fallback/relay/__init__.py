@@ -57,8 +57,9 @@ def _is_in_bad_fork() -> bool:
 # folds into a constant with a guard, as it folds torch.cuda's; the calls that
 # change host state (generators, the current device) run eagerly, a graph
 # break, where tracing their ops would fail.
-_accelerator = getattr(torch, "accelerator", None)
 _host_call = torch.compiler.disable
+# Older torch.accelerator lacks it: then the index comes from relay's op (a graph break).
+_current_index = getattr(getattr(torch, "accelerator", None), "current_device_index", None)
 
 
 @torch.compiler.assume_constant_result  # fixed for the process, as torch.cuda's
@@ -68,9 +69,7 @@ def device_count() -> int:
 
 
 def current_device() -> int:
-    if hasattr(_accelerator, "current_device_index"):
-        return _accelerator.current_device_index()
-    return _ops.current_device()
+    return _current_index() if _current_index is not None else _ops.current_device()
 
 
 @_host_call
