@@ -147,6 +147,67 @@ def test_attention_runs_the_targets_fused_kernel(placement, causal):
     assert_all_close(fused, eager, **tolerance)
 
 
+FLASH = (
+    "aten::_scaled_dot_product_flash_attention",
+    "aten::_scaled_dot_product_flash_attention_backward",
+)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_half_precision_attention_runs_the_flash_kernel_eager_runs(placement, dtype, causal):
+    """In half precision the target chooses flash attention, which PyTorch runs for
+    CUDA tensors only (the CPU's flash kernel for any other device's): on a CUDA target
+    relay reaches CUDA's kernel through the overrideable attention, not the math path."""
+    q, k, v = attention_inputs(dtype)
+    relay_inputs = [t.detach().to("relay").requires_grad_() for t in (q, k, v)]
+    torch_fallback.reset_metrics()
+    out, *grads = run_attention(*relay_inputs, causal)
+    calls = fallback_ops()
+    assert "aten::bmm" not in calls and "aten::_softmax" not in calls, calls
+    if placement.target == "cuda":
+        assert all(name in calls for name in FLASH), calls
+        # The same kernels on CUDA copies, called directly: no CUDA autograd in this
+        # process (pytorch/pytorch#161129). The forward is the same computation.
+        cq, ck, cv = (t.detach().cuda() for t in (q, k, v))
+        forward = torch.ops.aten._scaled_dot_product_flash_attention(cq, ck, cv, 0.0, causal)
+        assert torch.equal(out.detach().cpu(), forward[0].cpu())
+        grad_out = (2 * out.detach()).cpu().cuda()  # of out.square().sum()
+        backward = torch.ops.aten._scaled_dot_product_flash_attention_backward(
+            grad_out, cq, ck, cv, *forward[:6], 0.0, causal, *forward[6:8]
+        )
+        assert_all_close(grads, backward, rtol=1e-3, atol=1e-3)
+    else:
+        assert "aten::_scaled_dot_product_flash_attention_for_cpu" in calls, calls
+    # Float32 math on the CPU as the reference, to half precision's accuracy.
+    reference = run_attention(*(t.detach().float().requires_grad_() for t in (q, k, v)), causal)
+    for got, expected in zip([out, *grads], reference, strict=True):
+        torch.testing.assert_close(got.detach().float().cpu(), expected, rtol=2e-2, atol=3e-2)
+
+
+@pytest.mark.requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_flash_attention_dropout_draws_what_eager_cuda_draws(placement, dtype):
+    if placement.target != "cuda":
+        pytest.skip("CUDA's flash kernel runs on the CUDA target")
+    q, k, v = (t.detach() for t in attention_inputs(dtype))
+    relay_inputs = relay_copy([q, k, v])
+    torch.manual_seed(7)
+    got = F.scaled_dot_product_attention(*relay_inputs, dropout_p=0.3)
+    torch.manual_seed(7)
+    cuda_inputs = [t.cuda() for t in (q, k, v)]
+    expected = torch.ops.aten._scaled_dot_product_flash_attention(*cuda_inputs, 0.3)[0]
+    assert torch.equal(got.cpu(), expected.cpu())
+
+
+def test_the_overrideable_attention_takes_no_mask():
+    q = torch.randn(1, 2, 4, 8, device="relay")
+    with pytest.raises(RuntimeError, match="takes no attention mask"):
+        torch.ops.aten._scaled_dot_product_fused_attention_overrideable(
+            q, q, q, torch.zeros(4, 4, device="relay")
+        )
+
+
 def test_attention_with_a_boolean_mask_matches_eager(placement):
     q, k, v = attention_inputs(torch.float32)
     mask = torch.rand(16, 16) > 0.3

@@ -70,15 +70,24 @@ struct TensorImplAccess : c10::TensorImpl {
     to->*(&TensorImplAccess::numel_) = from.*(&TensorImplAccess::numel_);
     // Bit-fields have no member pointers: both impls are read as this type, which
     // adds no member to TensorImpl.
+    // All read before any is written: the compiler then merges the six
+    // read-modify-writes of one byte, which it cannot while `from` may be `to`.
     const auto& source = static_cast<const TensorImplAccess&>(from);
     auto& target = static_cast<TensorImplAccess&>(*to);
-    target.is_contiguous_ = source.is_contiguous_;
-    target.is_channels_last_ = source.is_channels_last_;
-    target.is_channels_last_contiguous_ = source.is_channels_last_contiguous_;
-    target.is_channels_last_3d_ = source.is_channels_last_3d_;
-    target.is_channels_last_3d_contiguous_ = source.is_channels_last_3d_contiguous_;
-    target.is_non_overlapping_and_dense_ = source.is_non_overlapping_and_dense_;
+    const bool contiguous = source.is_contiguous_;
+    const bool channels_last = source.is_channels_last_;
+    const bool channels_last_contiguous = source.is_channels_last_contiguous_;
+    const bool channels_last_3d = source.is_channels_last_3d_;
+    const bool channels_last_3d_contiguous = source.is_channels_last_3d_contiguous_;
+    const bool non_overlapping_and_dense = source.is_non_overlapping_and_dense_;
+    target.is_contiguous_ = contiguous;
+    target.is_channels_last_ = channels_last;
+    target.is_channels_last_contiguous_ = channels_last_contiguous;
+    target.is_channels_last_3d_ = channels_last_3d;
+    target.is_channels_last_3d_contiguous_ = channels_last_3d_contiguous;
+    target.is_non_overlapping_and_dense_ = non_overlapping_and_dense;
   }
+
   // Lazy conjugation and negation: bits of the key set, not data.
   static constexpr c10::DispatchKeySet kLazyBits{
       {c10::DispatchKey::Conjugate, c10::DispatchKey::Negative}};

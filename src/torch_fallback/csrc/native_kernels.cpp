@@ -19,6 +19,8 @@
 #include <ATen/SDPBackend.h>
 #include <ATen/ops/_fused_sdp_choice.h>
 #include <ATen/ops/_fused_sdp_choice_native.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_backward_ops.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_ops.h>
 #include <ATen/ops/_nested_tensor_size_native.h>
 #include <ATen/ops/_nested_tensor_storage_offsets_native.h>
 #include <ATen/ops/_nested_tensor_strides_native.h>
@@ -131,6 +133,53 @@ std::vector<std::string> aten_ops_where(Wanted&& wanted) {
   return names;
 }
 
+// Whether _scaled_dot_product_fused_attention_overrideable on the backend's
+// tensors runs CUDA's flash attention (register_sdp_choice registered it).
+std::atomic<bool> g_flash_as_overrideable{false};
+
+using FlashResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt,
+                               c10::SymInt, at::Tensor, at::Tensor, at::Tensor>;
+
+// scaled_dot_product_attention's flash branch runs CUDA's flash kernel for CUDA
+// tensors only, and the CPU's for any other device's. On a CUDA target, the
+// target's flash choice comes back as the overrideable backend, which PyTorch
+// serves with this op on the backend's tensors: CUDA's flash kernel through the
+// fallback, where the math path would take a dozen ops and their backwards.
+FlashResult flash_attention(const at::Tensor& query, const at::Tensor& key,
+                            const at::Tensor& value, const std::optional<at::Tensor>& attn_bias,
+                            double dropout_p, bool is_causal, bool return_debug_mask,
+                            std::optional<double> scale) {
+  TORCH_CHECK(!attn_bias || !attn_bias->defined(),
+              "torch_fallback: _scaled_dot_product_fused_attention_overrideable runs CUDA's "
+              "flash attention, which takes no attention mask; call scaled_dot_product_attention, "
+              "which takes another kernel where there is a mask.");
+  return at::_ops::_scaled_dot_product_flash_attention::call(query, key, value, dropout_p,
+                                                             is_causal, return_debug_mask, scale);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_backward(
+    const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key,
+    const at::Tensor& value, const at::Tensor& /*attn_bias: none, as in the forward*/,
+    std::array<bool, 4> /*grad_input_mask: flash computes all three*/, const at::Tensor& out,
+    const at::Tensor& logsumexp, const at::Tensor& cum_seq_q, const at::Tensor& cum_seq_k,
+    c10::SymInt max_q, c10::SymInt max_k, double dropout_p, bool is_causal,
+    const at::Tensor& philox_seed, const at::Tensor& philox_offset, std::optional<double> scale) {
+  auto [grad_query, grad_key, grad_value] =
+      at::_ops::_scaled_dot_product_flash_attention_backward::call(
+          grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, std::move(max_q),
+          std::move(max_k), dropout_p, is_causal, philox_seed, philox_offset, scale);
+  return {std::move(grad_query), std::move(grad_key), std::move(grad_value), at::Tensor()};
+}
+
+// CUDA's flash branch first pads head dimensions to a multiple of 8 (and slices
+// the output back); flash_attention runs on the tensors as they are, so it takes
+// only those that need no padding, whose results are then eager CUDA's.
+bool flash_through_overrideable(const at::Tensor& query, const at::Tensor& key,
+                                const at::Tensor& value) {
+  return g_flash_as_overrideable.load(std::memory_order_relaxed) && query.size(-1) % 8 == 0 &&
+         key.size(-1) % 8 == 0 && value.size(-1) % 8 == 0;
+}
+
 // scaled_dot_product_attention asks this stub which attention kernel to run.
 // Without it a third-party device gets the math path (a dozen ops and their
 // backwards); with it, the target's own choice, made by the target's
@@ -166,9 +215,12 @@ struct SdpChoice<int64_t (*)(const at::Tensor&, const at::Tensor&, const at::Ten
       return math;
     }
     const int64_t choice = at::_fused_sdp_choice(query, key, value, rest...);
-    // For any device but CUDA, the flash choice runs the CPU's flash kernel.
-    const bool flash_on_cuda = choice == static_cast<int64_t>(at::SDPBackend::flash_attention);
-    return flash_on_cuda ? math : choice;
+    if (choice != static_cast<int64_t>(at::SDPBackend::flash_attention)) return choice;
+    // For any device but CUDA, PyTorch's flash branch runs the CPU's flash kernel;
+    // the overrideable branch reaches CUDA's (flash_attention).
+    return flash_through_overrideable(query, key, value)
+               ? static_cast<int64_t>(at::SDPBackend::overrideable)
+               : math;
   }
 
   static constexpr c10::DispatchKeySet transform_keys{
@@ -399,7 +451,7 @@ bool has_kernel(const std::string& name, c10::DeviceType device_type) {
                    c10::computeDispatchKey(std::nullopt, c10::kStrided, c10::Device(device_type)));
 }
 
-void register_sdp_choice() {
+void register_sdp_choice(torch::Library& aten) {
   // A backend's own choice wins whichever static initializer runs first: set
   // before this, it is left in place (read through the stub's only member, a
   // DispatchStubImpl, which is public and first in a standard-layout struct);
@@ -411,6 +463,16 @@ void register_sdp_choice() {
     return;
   }
   stub.set_privateuse1_dispatch_ptr(&SdpChoice<SdpChoiceFn>::choose);
+  // A backend's own overrideable attention is its own: the flash choice then
+  // takes the math path, as before.
+  constexpr auto kPrivateUse1 = c10::DeviceType::PrivateUse1;
+  if (!has_kernel("_scaled_dot_product_fused_attention_overrideable", kPrivateUse1) &&
+      !has_kernel("_scaled_dot_product_fused_attention_overrideable_backward", kPrivateUse1)) {
+    aten.impl("_scaled_dot_product_fused_attention_overrideable", TORCH_FN(flash_attention));
+    aten.impl("_scaled_dot_product_fused_attention_overrideable_backward",
+              TORCH_FN(flash_attention_backward));
+    g_flash_as_overrideable.store(true, std::memory_order_relaxed);
+  }
 }
 
 void register_math_bit_fallthroughs() {

@@ -24,7 +24,7 @@ void register_kernels(torch::Library& aten) {
   detail::register_math_bit_fallthroughs();
   register_adapter(Adapter());
   register_device_moves(device_type);
-  if (device_type == c10::DeviceType::PrivateUse1) detail::register_sdp_choice();
+  if (device_type == c10::DeviceType::PrivateUse1) detail::register_sdp_choice(aten);
   register_view_kernels(aten, device_type);
   if (!detail::has_kernel("_copy_from", device_type)) {
     aten.impl("_copy_from", TORCH_FN(detail::CopyKernels<Adapter>::copy_from));
@@ -62,6 +62,7 @@ void register_kernels(torch::Library& aten) {
       ops::_scaled_dot_product_cudnn_attention_backward,
       ops::_scaled_dot_product_efficient_attention,
       ops::_scaled_dot_product_efficient_attention_backward,
+      ops::_scaled_dot_product_flash_attention, ops::_scaled_dot_product_flash_attention_backward,
       ops::_scaled_dot_product_flash_attention_for_cpu,
       ops::_scaled_dot_product_flash_attention_for_cpu_backward>(aten);
   // The pointwise, comparison, indexing and reduction ops of inference and

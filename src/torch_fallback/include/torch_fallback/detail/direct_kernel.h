@@ -21,6 +21,8 @@
 #include <ATen/ops/_scaled_dot_product_cudnn_attention_backward_ops.h>
 #include <ATen/ops/_scaled_dot_product_efficient_attention_ops.h>
 #include <ATen/ops/_scaled_dot_product_efficient_attention_backward_ops.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_backward_ops.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_ops.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_ops.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward_ops.h>
 #include <ATen/ops/_softmax_ops.h>
@@ -137,9 +139,11 @@ TORCH_FALLBACK_API c10::DispatchKey autograd_key(c10::DeviceType device_type);
 TORCH_FALLBACK_API void register_autograd_kernel(c10::DeviceType device_type, const char* name,
                                                  torch::CppFunction kernel);
 // scaled_dot_product_attention on PrivateUse1 tensors runs the fused attention
-// kernel the fallback's target would choose, not the math path. A backend with
-// its own choice sets _fused_sdp_choice_stub after register_kernels.
-TORCH_FALLBACK_API void register_sdp_choice();
+// kernel the fallback's target would choose, not the math path: CUDA's flash
+// attention through _scaled_dot_product_fused_attention_overrideable, registered
+// in `aten` unless the backend has its own. A backend with its own choice sets
+// _fused_sdp_choice_stub after register_kernels.
+TORCH_FALLBACK_API void register_sdp_choice(torch::Library& aten);
 // PyTorch's nested kernels that work on any device's buffer, and the ops whose
 // composite kernels cannot take nested tensors (register_nested_kernels).
 TORCH_FALLBACK_API void register_nested_native_kernels(torch::Library& nested);
