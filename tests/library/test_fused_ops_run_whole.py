@@ -162,7 +162,8 @@ def test_half_precision_attention_runs_the_flash_kernel_eager_runs(placement, dt
     q, k, v = attention_inputs(dtype)
     relay_inputs = [t.detach().to("relay").requires_grad_() for t in (q, k, v)]
     torch_fallback.reset_metrics()
-    out, *grads = run_attention(*relay_inputs, causal)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):  # where cuDNN's would come first
+        out, *grads = run_attention(*relay_inputs, causal)
     calls = fallback_ops()
     assert "aten::bmm" not in calls and "aten::_softmax" not in calls, calls
     if placement.target == "cuda":
@@ -193,7 +194,8 @@ def test_flash_attention_dropout_draws_what_eager_cuda_draws(placement, dtype):
     q, k, v = (t.detach() for t in attention_inputs(dtype))
     relay_inputs = relay_copy([q, k, v])
     torch.manual_seed(7)
-    got = F.scaled_dot_product_attention(*relay_inputs, dropout_p=0.3)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        got = F.scaled_dot_product_attention(*relay_inputs, dropout_p=0.3)
     torch.manual_seed(7)
     cuda_inputs = [t.cuda() for t in (q, k, v)]
     expected = torch.ops.aten._scaled_dot_product_flash_attention(*cuda_inputs, 0.3)[0]
