@@ -256,6 +256,7 @@ class FallbackCall {
 
   void choose_target() {
     if (wanted_target(rules_, nested_) == Target::Cuda) {
+      record_.count_on_cuda();
       // Computed: a composite kernel (convolution's, say) serves CUDA too.
       const bool has_cuda_kernel = nested_ ? rules_.has_nested_cuda_kernel : rules_.has_cuda_kernel;
       cuda::check_usable("the CUDA fallback target", full_name());

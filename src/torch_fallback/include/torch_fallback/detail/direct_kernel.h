@@ -220,6 +220,9 @@ class TORCH_FALLBACK_API CallRecord {
     on_cuda_ = target.is_cuda();
     if (on_cuda_ && cuda::device_count() > 1) device_scope_.emplace(target.index());
   }
+  // The call is meant for a CUDA target: counted there, also where it is refused
+  // before it enters the target.
+  void count_on_cuda() { on_cuda_ = true; }
   void add_bytes_to_target(uint64_t bytes) { bytes_to_target_ += bytes; }
   void add_bytes_from_target(uint64_t bytes) { bytes_from_target_ += bytes; }
   // Counts the call in its op's metrics.
