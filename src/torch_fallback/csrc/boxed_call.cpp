@@ -260,13 +260,16 @@ class FallbackCall {
       // Computed: a composite kernel (convolution's, say) serves CUDA too.
       const bool has_cuda_kernel = nested_ ? rules_.has_nested_cuda_kernel : rules_.has_cuda_kernel;
       cuda::check_usable("the CUDA fallback target", full_name());
-      const bool on_cpu = (nested_ ? rules_.has_nested_cpu_kernel : rules_.has_cpu_kernel) ||
-                          (!nested_ && rules_.cpu_decomposition != nullptr);
+      // Read by the message only, which TORCH_CHECK builds on failure.
+      const auto on_cpu = [this] {
+        return (nested_ ? rules_.has_nested_cpu_kernel : rules_.has_cpu_kernel) ||
+               (!nested_ && rules_.cpu_decomposition != nullptr);
+      };
       TORCH_CHECK_NOT_IMPLEMENTED(
           has_cuda_kernel, "torch_fallback: ", full_name(), " has no CUDA kernel",
           nested_ ? " for nested tensors" : "",
           " in this PyTorch, so the CUDA fallback target cannot serve it. ",
-          on_cpu ? "Use the 'auto' target, which runs such ops on the CPU, or put the op on the "
+          on_cpu() ? "Use the 'auto' target, which runs such ops on the CPU, or put the op on the "
                    "CPU op list (TORCH_FALLBACK_CPU_OPS or torch_fallback.set_cpu_ops)."
                  : "PyTorch has no CPU kernel for it either: eager refuses it on CPU and CUDA "
                    "tensors too.");
@@ -285,14 +288,15 @@ class FallbackCall {
       return;
     }
     decomposition_ = rules_.cpu_decomposition;
-    const bool nor_cuda =
-        cuda::built() && !(nested_ ? rules_.has_nested_cuda_kernel : rules_.has_cuda_kernel);
+    const auto nor_cuda = [this] {
+      return cuda::built() && !(nested_ ? rules_.has_nested_cuda_kernel : rules_.has_cuda_kernel);
+    };
     TORCH_CHECK_NOT_IMPLEMENTED(
         decomposition_ != nullptr, "torch_fallback: ", full_name(), " has no CPU kernel",
         nested_ ? " for nested tensors" : "",
         " in this PyTorch and torch_fallback has no decomposition for it, so the CPU fallback "
         "target cannot serve it.",
-        nor_cuda                   ? " PyTorch has no CUDA kernel for it either: eager refuses it "
+        nor_cuda()                 ? " PyTorch has no CUDA kernel for it either: eager refuses it "
                                      "on CPU and CUDA tensors too."
         : cuda::device_count() > 0 ? " Use the CUDA target (TORCH_FALLBACK_TARGET=cuda or auto)."
                                    : " It needs a CUDA build of PyTorch and a GPU.");
