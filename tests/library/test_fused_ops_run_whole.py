@@ -100,9 +100,9 @@ def test_foreach_optimizer_steps_match_eager_with_few_fallback_calls(placement, 
     assert_all_close(list(relay_model.parameters()), list(model.parameters()))
 
 
-def attention_inputs(dtype: torch.dtype):
+def attention_inputs(dtype: torch.dtype, head_dim: int = 32):
     torch.manual_seed(0)
-    return [torch.randn(2, 4, 16, 32, dtype=dtype, requires_grad=True) for _ in range(3)]
+    return [torch.randn(2, 4, 16, head_dim, dtype=dtype, requires_grad=True) for _ in range(3)]
 
 
 def run_attention(q, k, v, causal: bool):
@@ -182,6 +182,28 @@ def test_half_precision_attention_runs_the_flash_kernel_eager_runs(placement, dt
         assert "aten::_scaled_dot_product_flash_attention_for_cpu" in calls, calls
     # Float32 math on the CPU as the reference, to half precision's accuracy.
     reference = run_attention(*(t.detach().float().requires_grad_() for t in (q, k, v)), causal)
+    for got, expected in zip([out, *grads], reference, strict=True):
+        torch.testing.assert_close(got.detach().float().cpu(), expected, rtol=2e-2, atol=3e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_flash_choice_for_a_head_dim_eager_pads_runs_the_math_path(placement, dtype):
+    """CUDA's flash branch pads a head dimension that is not a multiple of 8 before
+    its kernel runs; the overrideable attention runs the kernel on the tensors as
+    they are, so there the CUDA target takes the math path: eager's values, no error."""
+    q, k, v = attention_inputs(dtype, head_dim=12)
+    relay_inputs = [t.detach().to("relay").requires_grad_() for t in (q, k, v)]
+    torch_fallback.reset_metrics()
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        out, *grads = run_attention(*relay_inputs, causal=True)
+    calls = fallback_ops()
+    if placement.target == "cuda":
+        assert not any(name in calls for name in FLASH), calls
+        assert "aten::_fused_sdp_choice" in calls, calls
+    else:  # the CPU's flash kernel takes any head dimension
+        assert "aten::_scaled_dot_product_flash_attention_for_cpu" in calls, calls
+    assert out.shape == (2, 4, 16, 12) and out.dtype == dtype
+    reference = run_attention(*(t.detach().float().requires_grad_() for t in (q, k, v)), True)
     for got, expected in zip([out, *grads], reference, strict=True):
         torch.testing.assert_close(got.detach().float().cpu(), expected, rtol=2e-2, atol=3e-2)
 

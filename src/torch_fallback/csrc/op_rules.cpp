@@ -1,6 +1,7 @@
 #include "op_rules.h"
 
 #include <memory>
+#include <mutex>
 #include <unordered_map>
 #include <utility>
 
@@ -143,18 +144,35 @@ std::unique_ptr<OpRules> make_rules(const c10::OperatorHandle& op) {
 
 }  // namespace
 
-const OpRules& op_rules(const c10::OperatorHandle& op) {
-  // Per thread, so that the hot path takes no lock; schemas live as long as the process.
-  thread_local std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<OpRules>> cache;
-  const c10::FunctionSchema& schema = op.schema();
-  auto& rules = cache[&schema];
+namespace {
+
+// Made once per op, under a lock; never freed, as kernels may run while the
+// process exits. Schemas live as long as the process.
+const OpRules& process_op_rules(const c10::OperatorHandle& op) {
+  static std::mutex mutex;
+  static auto* const all =
+      new std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<OpRules>>();
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& rules = (*all)[&op.schema()];
   if (!rules) rules = make_rules(op);
   return *rules;
 }
 
-void OpRules::look_up_cpu_ops(uint64_t generation) const {
-  forced_to_cpu_ = torch_fallback::forced_to_cpu(name, full_name);
-  cpu_ops_generation_ = generation;
+}  // namespace
+
+const OpRules& op_rules(const c10::OperatorHandle& op) {
+  // Looked up per thread, so that the boxed fallback's calls take no lock.
+  thread_local std::unordered_map<const c10::FunctionSchema*, const OpRules*> cache;
+  const OpRules*& rules = cache[&op.schema()];
+  if (rules == nullptr) rules = &process_op_rules(op);
+  return *rules;
+}
+
+uint64_t OpRules::look_up_cpu_ops(uint64_t generation) const {
+  const bool forced = torch_fallback::forced_to_cpu(name, full_name);
+  const uint64_t cached = generation << 1U | (forced ? 1U : 0U);
+  forced_to_cpu_cache_.store(cached, std::memory_order_relaxed);
+  return cached;
 }
 
 }  // namespace torch_fallback

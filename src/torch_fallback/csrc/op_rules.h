@@ -8,6 +8,7 @@
 #include "metrics.h"
 #include "settings.h"
 
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -73,17 +74,21 @@ struct OpRules {
   // until the list changes.
   bool forced_to_cpu() const {
     const uint64_t generation = cpu_ops_generation();
-    if (C10_UNLIKELY(generation != cpu_ops_generation_)) look_up_cpu_ops(generation);
-    return forced_to_cpu_;
+    uint64_t cached = forced_to_cpu_cache_.load(std::memory_order_relaxed);
+    if (C10_UNLIKELY((cached >> 1) != generation)) cached = look_up_cpu_ops(generation);
+    return (cached & 1U) != 0;
   }
 
  private:
-  void look_up_cpu_ops(uint64_t generation) const;
-  mutable uint64_t cpu_ops_generation_ = 0;
-  mutable bool forced_to_cpu_ = false;
+  uint64_t look_up_cpu_ops(uint64_t generation) const;
+  // The answer and the list's generation it holds for, in one word that every
+  // thread reads and writes whole: generation << 1 | forced. 0: none yet (the
+  // first generation is 1).
+  mutable std::atomic<uint64_t> forced_to_cpu_cache_{0};
 };
 
-// The rules of `op`; cached, cheap after the first call of each op on a thread.
+// The rules of `op`, one object per op for the process; cheap after the first
+// call of each op on a thread.
 const OpRules& op_rules(const c10::OperatorHandle& op);
 
 }  // namespace torch_fallback

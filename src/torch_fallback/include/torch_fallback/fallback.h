@@ -23,6 +23,9 @@
 //     ... the backend's memory: empty.memory_format, empty_strided, resize_
 //     torch_fallback::register_kernels<&my_adapter>(m);  // views, copies, last
 //   }
+//   TORCH_LIBRARY_IMPL(aten, NestedTensorPrivateUse1, m) {  // with the nested fallback
+//     torch_fallback::register_nested_kernels<&my_adapter>(m);  // kernels.h
+//   }
 //
 // Words used throughout:
 //   backend      the out-of-tree device (its dispatch key, e.g. PrivateUse1) and

@@ -272,7 +272,7 @@ class TORCH_FALLBACK_API WrittenVersions {
 // setting that sends the op elsewhere) goes to the boxed fallback, which serves it in full.
 class TORCH_FALLBACK_API DirectCall {
  public:
-  // `rules`: rules_for(op), which a kernel may keep per thread.
+  // `rules`: rules_for(op), which a kernel may keep: one object per op for the process.
   DirectCall(const BackendAdapter& backend, const OpRules& rules);
   static const OpRules& rules_for(const c10::OperatorHandle& op);
   ~DirectCall();
@@ -390,12 +390,16 @@ template <const BackendAdapter& (*Adapter)(), typename Op, typename Run, typenam
           typename Result, typename... Args>
 struct DirectKernel<Adapter, Op, Run, Otherwise, Result(Args...)> {
   static Result call(Args... args) {
-    static const c10::OperatorHandle op =
-        c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
-    thread_local const OpRules* rules = nullptr;  // the fallback's rules are per thread
-    if (rules == nullptr) rules = &DirectCall::rules_for(op);
+    // One guard for both, and no thread-local lookup: the rules are the process's.
+    static const std::pair<c10::OperatorHandle, const OpRules*> op_and_rules = [] {
+      c10::OperatorHandle handle =
+          c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
+      const OpRules* rules = &DirectCall::rules_for(handle);
+      return std::make_pair(std::move(handle), rules);
+    }();
+    const c10::OperatorHandle& op = op_and_rules.first;
     {
-      DirectCall direct(Adapter(), *rules);
+      DirectCall direct(Adapter(), *op_and_rules.second);
       (direct.offer(args), ...);
       if (direct.start()) {
         const auto run = [&]() -> Result {
