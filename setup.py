@@ -39,8 +39,17 @@ BUILD_INFO = "_build_info.json"
 # -fno-plt: a fallback call reaches some forty functions of libtorch and of the
 # library; through the GOT each costs one indirect call, where a PLT stub adds a
 # jump and an instruction-cache line of its own (benchmarks/README.md, A call
-# inside a model).
-CXX_FLAGS = ["-O2", "-g0", "-fvisibility=hidden", "-fno-plt", "-Wall", "-Wno-unused-parameter"]
+# inside a model). -fno-semantic-interposition: the library's exported functions
+# call each other directly, not through the GOT (nothing interposes them).
+CXX_FLAGS = [
+    "-O2",
+    "-g0",
+    "-fvisibility=hidden",
+    "-fno-plt",
+    "-fno-semantic-interposition",
+    "-Wall",
+    "-Wno-unused-parameter",
+]
 LINK_FLAGS: list[str] = []
 
 # TORCH_FALLBACK_SANITIZE=address builds with AddressSanitizer; run the result
