@@ -224,22 +224,6 @@ TargetImplPool::ThisThread& TargetImplPool::make_this_thread() {
   return thread;
 }
 
-CallRecord::CallRecord(const OpRules& rules, bool unboxed)
-    : rules_(rules), unboxed_(unboxed), start_ticks_(metrics::ticks()) {}
-
-void CallRecord::record(bool failed) const {
-  metrics::Call call;
-  call.on_cuda = on_cuda_;
-  call.unboxed = unboxed_;
-  call.failed = failed;
-  call.bytes_to_target = bytes_to_target_;
-  call.bytes_from_target = bytes_from_target_;
-  const uint64_t end_ticks = metrics::ticks();
-  // A thread moved to a core whose counter lags would read a negative duration.
-  call.ticks = end_ticks > start_ticks_ ? end_ticks - start_ticks_ : 0;
-  metrics::record(*rules_.counters, call);
-}
-
 }  // namespace detail
 
 namespace metrics {

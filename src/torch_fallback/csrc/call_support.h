@@ -354,6 +354,23 @@ class TargetImplPool {
   std::vector<Impl> cuda_;
 };
 
+// Inline: every call of both engines makes one and records it.
+inline CallRecord::CallRecord(const OpRules& rules, bool unboxed)
+    : rules_(rules), unboxed_(unboxed), start_ticks_(metrics::ticks()) {}
+
+inline void CallRecord::record(bool failed) const {
+  metrics::Call call;
+  call.on_cuda = on_cuda_;
+  call.unboxed = unboxed_;
+  call.failed = failed;
+  call.bytes_to_target = bytes_to_target_;
+  call.bytes_from_target = bytes_from_target_;
+  const uint64_t end_ticks = metrics::ticks();
+  // A thread moved to a core whose counter lags would read a negative duration.
+  call.ticks = end_ticks > start_ticks_ ? end_ticks - start_ticks_ : 0;
+  metrics::record(*rules_.counters, call);
+}
+
 // This thread's pools, and where c10 keeps this thread's autograd state and
 // dispatch keys (thread-locals of libc10, whose addresses stay for the thread's
 // life): a call makes one TLS lookup, where asking c10 made two more, one of them

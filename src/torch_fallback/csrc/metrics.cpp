@@ -71,20 +71,6 @@ Counters* counters_for(const std::string& op) {
   return counters.get();
 }
 
-void record(Counters& counters, const Call& call) {
-  if (call.unboxed) {
-    (call.on_cuda ? counters.unboxed_cuda : counters.unboxed_cpu).fetch_add(1, kRelaxed);
-  } else {
-    (call.on_cuda ? counters.boxed_cuda : counters.boxed_cpu).fetch_add(1, kRelaxed);
-  }
-  if (call.failed) counters.errors.fetch_add(1, kRelaxed);
-  counters.ticks.fetch_add(call.ticks, kRelaxed);
-  if (call.bytes_to_target != 0) counters.bytes_to_target.fetch_add(call.bytes_to_target, kRelaxed);
-  if (call.bytes_from_target != 0) {
-    counters.bytes_from_target.fetch_add(call.bytes_from_target, kRelaxed);
-  }
-}
-
 std::map<std::string, OpStats> snapshot() {
   const double tick_ns = ns_per_tick();
   std::lock_guard<std::mutex> lock(g_mutex);

@@ -64,7 +64,22 @@ struct Counters {
 
 // The counters of `op` ("aten::add.Tensor"); the pointer stays valid for the process.
 Counters* counters_for(const std::string& op);
-void record(Counters& counters, const Call& call);
+
+// Inline: every fallback call ends here.
+inline void record(Counters& counters, const Call& call) {
+  constexpr auto relaxed = std::memory_order_relaxed;
+  if (call.unboxed) {
+    (call.on_cuda ? counters.unboxed_cuda : counters.unboxed_cpu).fetch_add(1, relaxed);
+  } else {
+    (call.on_cuda ? counters.boxed_cuda : counters.boxed_cpu).fetch_add(1, relaxed);
+  }
+  if (call.failed) counters.errors.fetch_add(1, relaxed);
+  counters.ticks.fetch_add(call.ticks, relaxed);
+  if (call.bytes_to_target != 0) counters.bytes_to_target.fetch_add(call.bytes_to_target, relaxed);
+  if (call.bytes_from_target != 0) {
+    counters.bytes_from_target.fetch_add(call.bytes_from_target, relaxed);
+  }
+}
 // Ops with at least one call since the last reset.
 std::map<std::string, OpStats> snapshot();
 void reset();
