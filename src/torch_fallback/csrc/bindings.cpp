@@ -10,6 +10,7 @@
 
 #include "distributed.h"
 #include "metrics.h"
+#include "op_rules.h"
 #include "settings.h"
 
 namespace tf = torch_fallback;
@@ -65,6 +66,7 @@ TORCH_LIBRARY(torch_fallback, m) {
   m.def("set_cuda_sync",
         [](const std::string& name) { tf::set_cuda_sync(tf::parse_cuda_sync(name)); });
   m.def("get_cuda_sync", []() { return tf::cuda_sync_name(tf::cuda_sync()); });
+  m.def("set_cuda_device_checked_ops", &tf::set_cuda_device_checked_ops);
   m.def("set_cpu_ops", &tf::set_cpu_ops);
   m.def("get_cpu_ops", &tf::cpu_ops);
 

@@ -149,18 +149,20 @@ class FallbackCall {
                 " tensors; the tensors an op writes (in place or out=) must be on ",
                 backend_name(), ". Write into a ", backend_name(),
                 " tensor, then copy it to the CPU.");
-    // TensorIterator takes 0-dim CPU tensors as scalars on any device; as on
-    // CUDA, indexing takes its indices, _foreach_ ops their scalars and
-    // _foreach_copy_ its lists on the CPU.
+    // TensorIterator takes 0-dim CPU tensors as scalars on any device, unless the
+    // op's CUDA kernel checks that all its tensors share one device; as on CUDA,
+    // indexing takes its indices, _foreach_ ops their scalars and _foreach_copy_
+    // its lists on the CPU.
     const bool cpu_allowed =
-        tensor.dim() == 0 || passed == Passed::ReadOnHost ||
+        (tensor.dim() == 0 && !rules_.takes_no_cpu_scalars) || passed == Passed::ReadOnHost ||
         (passed == Passed::InOptionalList && rules_.takes_cpu_indices) ||
         (rules_.is_foreach && (passed == Passed::Alone || rules_.copies_between_devices));
     TORCH_CHECK(device.is_cpu() && cpu_allowed, "torch_fallback: ", full_name(),
                 " got a tensor on ", device, " together with ", backend_name(),
                 " tensors; all its tensors must be on ", backend_name(),
-                rules_.takes_cpu_indices ? " (indices may be on the CPU)"
-                                         : " (0-dim CPU tensors excepted)",
+                rules_.takes_cpu_indices      ? " (indices may be on the CPU)"
+                : rules_.takes_no_cpu_scalars ? " (0-dim CPU tensors too: CUDA's kernel takes none)"
+                                              : " (0-dim CPU tensors excepted)",
                 ". Move it there first, e.g. with .to('", backend_name(), "').");
   }
 

@@ -3,6 +3,7 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "settings.h"
@@ -65,6 +66,17 @@ bool resizes_its_arguments(const std::string& name) {
   return bare.find("resize") != std::string::npos || starts_with(bare, "set_");
 }
 
+std::mutex g_device_checked_mutex;
+std::unordered_set<std::string>& device_checked() {
+  static auto* const names = new std::unordered_set<std::string>();
+  return *names;
+}
+
+bool cuda_checks_devices(const std::string& full_name) {
+  std::lock_guard<std::mutex> lock(g_device_checked_mutex);
+  return device_checked().count(full_name) > 0;
+}
+
 std::unique_ptr<OpRules> make_rules(const c10::OperatorHandle& op) {
   const c10::FunctionSchema& schema = op.schema();
   auto rules = std::make_unique<OpRules>();
@@ -108,6 +120,7 @@ std::unique_ptr<OpRules> make_rules(const c10::OperatorHandle& op) {
   }
   rules->unservable_result = unservable_result_of(rules->name);
   rules->takes_cpu_indices = indexing_op(rules->name);
+  rules->takes_no_cpu_scalars = cuda_checks_devices(rules->full_name);
   if (const auto it = host_read_table().find(rules->full_name); it != host_read_table().end()) {
     for (const auto& arg_name : it->second) {
       if (const auto index = schema.argumentIndexWithName(arg_name)) {
@@ -166,6 +179,11 @@ const OpRules& op_rules(const c10::OperatorHandle& op) {
   const OpRules*& rules = cache[&op.schema()];
   if (rules == nullptr) rules = &process_op_rules(op);
   return *rules;
+}
+
+void set_cuda_device_checked_ops(const std::vector<std::string>& names) {
+  std::lock_guard<std::mutex> lock(g_device_checked_mutex);
+  device_checked() = std::unordered_set<std::string>(names.begin(), names.end());
 }
 
 uint64_t OpRules::look_up_cpu_ops(uint64_t generation) const {

@@ -38,6 +38,9 @@ struct OpRules {
   std::string unservable_result;
   // An indexing op, whose indices (Tensor?[]) may be CPU tensors, as on CUDA.
   bool takes_cpu_indices = false;
+  // CUDA's kernel takes every tensor on one device (set_cuda_device_checked_ops):
+  // no 0-dim CPU tensor as a scalar either.
+  bool takes_no_cpu_scalars = false;
   // Tensor arguments that CUDA's kernel takes on the host (_nested_from_padded's
   // sizes), so they may be CPU tensors of any shape.
   std::vector<size_t> host_read_arguments;
@@ -90,5 +93,10 @@ struct OpRules {
 // The rules of `op`, one object per op for the process; cheap after the first
 // call of each op on a thread.
 const OpRules& op_rules(const c10::OperatorHandle& op);
+
+// The ops ("aten::equal") whose CUDA kernels check that all their tensors are on
+// one device (torch_fallback/_cuda_device_checks.py); set at import, before any
+// op's rules are made.
+void set_cuda_device_checked_ops(const std::vector<std::string>& names);
 
 }  // namespace torch_fallback
