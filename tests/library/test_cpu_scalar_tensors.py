@@ -14,9 +14,6 @@ import torch
 
 from torch_fallback._cuda_device_checks import device_checked_ops, parse_device_checked
 
-pytestmark = pytest.mark.usefixtures("placement")
-
-
 # Ops marked device_check: NoCheck: the 0-dim CPU tensor `s` is a scalar.
 TAKE_CPU_SCALARS = {
     "add": lambda a, b, s: a + s,
@@ -47,6 +44,7 @@ def operands() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return torch.randn(4), torch.randn(4), torch.tensor(0.5)
 
 
+@pytest.mark.usefixtures("placement")
 @pytest.mark.parametrize("op", sorted(TAKE_CPU_SCALARS))
 def test_an_op_cuda_takes_a_cpu_scalar_for_takes_it(op):
     a, b, s = operands()
@@ -55,6 +53,7 @@ def test_an_op_cuda_takes_a_cpu_scalar_for_takes_it(op):
     torch.testing.assert_close(got.cpu(), TAKE_CPU_SCALARS[op](a, b, s))
 
 
+@pytest.mark.usefixtures("placement")
 @pytest.mark.parametrize("op", sorted(REFUSE_CPU_SCALARS))
 def test_an_op_whose_cuda_kernel_checks_devices_refuses_a_cpu_scalar(op):
     a, _, s = operands()
@@ -64,6 +63,24 @@ def test_an_op_whose_cuda_kernel_checks_devices_refuses_a_cpu_scalar(op):
     assert op in str(error.value) and "Move it there first" in str(error.value)
     # With the scalar on relay too, the op runs.
     REFUSE_CPU_SCALARS[op](a.to("relay"), s.to("relay"))
+
+
+@pytest.mark.requires_cuda
+@pytest.mark.parametrize("op", sorted(REFUSE_CPU_SCALARS))
+def test_eager_cuda_refuses_the_cpu_scalar_too(op):
+    """The list read from native_functions.yaml says what CUDA's kernels do. No autograd
+    runs here, so eager CUDA may share the process with relay (pytorch/pytorch#161129)."""
+    a, _, s = operands()
+    with pytest.raises(RuntimeError, match=r"same device|different devices"):
+        REFUSE_CPU_SCALARS[op](a.cuda(), s)
+
+
+@pytest.mark.requires_cuda
+@pytest.mark.parametrize("op", sorted(TAKE_CPU_SCALARS))
+def test_eager_cuda_takes_the_cpu_scalar(op):
+    a, b, s = operands()
+    got = TAKE_CPU_SCALARS[op](a.cuda(), b.cuda(), s)
+    torch.testing.assert_close(got.cpu(), TAKE_CPU_SCALARS[op](a, b, s))
 
 
 def test_the_checked_ops_are_read_from_torchs_own_operator_list():
