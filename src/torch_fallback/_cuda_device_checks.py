@@ -2,9 +2,9 @@
 
 PyTorch generates its CUDA kernels' wrappers from native_functions.yaml (torchgen,
 which ships with torch). Each wrapper checks that all the op's tensors are on one device
-unless the op says ``device_check: NoCheck``: TensorIterator's ops, which take a 0-dim
-CPU tensor as a scalar, indexing, which takes CPU indices, the ``_foreach_`` ops. On a
-CUDA target those kernels check their arguments themselves; on the CPU target every
+unless the op says ``device_check: NoCheck``: TensorIterator's ops, most of which take a
+0-dim CPU tensor as a scalar, indexing, which takes CPU indices, the ``_foreach_`` ops. On
+a CUDA target those kernels check their arguments themselves; on the CPU target every
 tensor a kernel sees is a CPU tensor, so the fallback refuses, as CUDA would, a 0-dim CPU
 tensor beside a backend's tensors where the op's CUDA kernel checks devices.
 """

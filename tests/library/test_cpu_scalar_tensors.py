@@ -14,13 +14,14 @@ import torch
 
 from torch_fallback._cuda_device_checks import device_checked_ops, parse_device_checked
 
-# Ops marked device_check: NoCheck: the 0-dim CPU tensor `s` is a scalar.
+# Ops marked device_check: NoCheck whose kernels take the 0-dim CPU tensor `s` as a
+# scalar on CUDA too (not every such op does: some TensorIterator configurations refuse
+# it, and the CPU target then takes what CUDA would refuse).
 TAKE_CPU_SCALARS = {
     "add": lambda a, b, s: a + s,
     "mul": lambda a, b, s: torch.mul(a, s),
     "where": lambda a, b, s: torch.where(a > 0, b, s),
     "masked_fill": lambda a, b, s: a.masked_fill(a > 0, s),
-    "lerp": lambda a, b, s: torch.lerp(a, b, s),
     "pow": lambda a, b, s: a.abs() ** s,
     "maximum": lambda a, b, s: torch.maximum(a, s),
     "copy_": lambda a, b, s: a.clone().copy_(s),
