@@ -175,6 +175,15 @@ def test_malformed_yaml_names_the_line(write_matrix: Callable[[Any], Path]) -> N
     assert "matrix.yaml:4" in message and "invalid YAML" in message
 
 
+@pytest.mark.parametrize("word", ["-_", "._", "+_"])
+def test_a_word_yaml_takes_for_a_number_it_cannot_read_is_a_problem(
+    write_matrix: Callable[[Any], Path], word: str
+) -> None:
+    # ruamel.yaml resolves these as numbers, then fails to convert them.
+    message = problems_of(write_matrix(f"version: {word}\n"))
+    assert "a value YAML cannot read" in message and "quote" in message
+
+
 def test_duplicate_yaml_keys_are_refused(write_matrix: Callable[[Any], Path]) -> None:
     message = problems_of(write_matrix("version: 1\nversion: 1\n"))
     assert "matrix.yaml:2" in message and 'duplicate key "version"' in message
