@@ -185,10 +185,14 @@ def load_matrix(file: Path) -> LoadedMatrix:
         raise MatrixFileError(file, [Problem("", message, line)]) from None
     except (YAMLError, OSError, UnicodeDecodeError) as error:
         raise MatrixFileError(file, [Problem("", f"cannot be read: {error}")]) from None
-    except (ValueError, IndexError) as error:
-        # ruamel.yaml takes some unquoted words for numbers it then cannot convert
-        # ("-_", "._"), and raises from its constructor with no position.
-        message = f"a value YAML cannot read ({error}); quote values that are not numbers"
+    except Exception as error:
+        # Any failure of the parser is the file's problem: ruamel.yaml takes some
+        # unquoted words for numbers it then cannot convert ("-_", "._"), and raises
+        # from its constructor (IndexError, ValueError) with no position.
+        message = (
+            f"a value YAML cannot read ({type(error).__name__}: {error}); "
+            "quote values that are not numbers"
+        )
         raise MatrixFileError(file, [Problem("", message)]) from None
 
     def problem(loc: KeyPath, message: str) -> Problem:  # at the line of its nearest key
