@@ -7,6 +7,7 @@ The source distribution needs no torch (python -m build --sdist); building a
 wheel from it without torch stops at once with what to do instead.
 """
 
+import importlib.util
 import json
 import os
 import re
@@ -78,6 +79,17 @@ def build_info() -> dict:
     }
 
 
+def cuda_device_checked_ops() -> list[str]:
+    """The ops whose CUDA kernels check devices, read from the torch built against
+    (recorded with the build, so that no import parses PyTorch's operator list). The
+    reader lives in the package, which cannot be imported before it is built."""
+    path = PACKAGE / "_cuda_device_checks.py"
+    spec = importlib.util.spec_from_file_location("_cuda_device_checks", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.device_checked_ops()
+
+
 def build_command() -> type:
     class BuildWithInfo(BuildExtension):
         """Compiles the extensions and records which torch they were built against.
@@ -90,7 +102,8 @@ def build_command() -> type:
         def run(self) -> None:
             super().run()
             package_dir = Path(self.get_ext_fullpath("torch_fallback._C")).parent
-            (package_dir / BUILD_INFO).write_text(json.dumps(build_info(), indent=2) + "\n")
+            info = {**build_info(), "cuda_device_checked_ops": cuda_device_checked_ops()}
+            (package_dir / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
 
     return BuildWithInfo
 

@@ -14,9 +14,7 @@ from pathlib import Path
 
 import torch  # noqa: F401  (loads libtorch before the extension)
 
-from ._cuda_device_checks import device_checked_ops
 from ._extension import _C  # noqa: F401
-from ._extension import ops as _ops
 from .metrics import OpMetrics, metrics, metrics_report, reset_metrics
 from .settings import (
     apply_environment,
@@ -30,7 +28,6 @@ from .settings import (
 )
 
 apply_environment()
-_ops.set_cuda_device_checked_ops(device_checked_ops())
 
 # The one place the version is written: setup.py reads it from this line.
 __version__ = "0.1.0"

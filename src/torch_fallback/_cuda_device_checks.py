@@ -7,6 +7,10 @@ unless the op says ``device_check: NoCheck``: TensorIterator's ops, most of whic
 a CUDA target those kernels check their arguments themselves; on the CPU target every
 tensor a kernel sees is a CPU tensor, so the fallback refuses, as CUDA would, a 0-dim CPU
 tensor beside a backend's tensors where the op's CUDA kernel checks devices.
+
+setup.py reads the list when it builds the extension (the torch it builds against is the
+one the extension loads under) and records it in _build_info.json, which the loader hands
+to the library: no import parses the operator list.
 """
 
 from __future__ import annotations
@@ -33,8 +37,8 @@ def parse_device_checked(text: str) -> list[str]:
     """The ops of a native_functions.yaml whose CUDA kernels check devices, as the
     dispatcher names them ("aten::equal", "aten::clamp.Tensor"): an op with a CUDA
     kernel of its own, or a structured op whose out= form has one, and no
-    ``device_check: NoCheck``. Read with regular expressions: parsing the whole file
-    as YAML costs a second at every import."""
+    ``device_check: NoCheck``. Read with regular expressions, which take milliseconds
+    where a YAML parse of the whole file takes a second."""
     entries: dict[str, tuple[bool, bool, str | None]] = {}
     for entry in text.split("\n- func: ")[1:]:
         name = entry[: entry.index("(")]
@@ -60,6 +64,6 @@ def parse_device_checked(text: str) -> list[str]:
 def device_checked_ops() -> list[str]:
     """The installed torch's ops whose CUDA kernels check devices; none where torch
     ships no native_functions.yaml (the fallback then takes 0-dim CPU tensors as
-    scalars for every op, as before)."""
+    scalars for every op)."""
     path = native_functions_yaml()
     return parse_device_checked(path.read_text()) if path is not None else []

@@ -111,9 +111,13 @@ def import_global(name: str) -> ModuleType:
 
 
 def load_extension() -> ModuleType:
-    check_torch_version(read_build_info())
+    build_info = read_build_info()
+    check_torch_version(build_info)
     if torch_built_with_cuda():
         promote_libc10_cuda()
     else:
         import_global(f"{__package__}._C_cuda_functions")
-    return import_global(f"{__package__}._C")
+    extension = import_global(f"{__package__}._C")
+    # Before any op's rules are made: which ops take no 0-dim CPU tensor as a scalar.
+    torch.ops.torch_fallback.set_cuda_device_checked_ops(build_info["cuda_device_checked_ops"])
+    return extension

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from torch_fallback._cuda_device_checks import device_checked_ops, parse_device_checked
+from torch_fallback._loader import read_build_info
 
 # Ops marked device_check: NoCheck whose kernels take the 0-dim CPU tensor `s` as a
 # scalar on CUDA too (not every such op does: some TensorIterator configurations refuse
@@ -85,7 +86,10 @@ def test_eager_cuda_takes_the_cpu_scalar(op):
 
 
 def test_the_checked_ops_are_read_from_torchs_own_operator_list():
-    checked = set(device_checked_ops())
+    # The build recorded the list of the torch it built against, which is the one here.
+    recorded = read_build_info()["cuda_device_checked_ops"]
+    assert recorded == device_checked_ops()
+    checked = set(recorded)
     assert set(REFUSE_CPU_SCALARS) <= checked
     for free in ("aten::add.Tensor", "aten::where.self", "aten::index.Tensor", "aten::copy_"):
         assert free not in checked

@@ -80,6 +80,7 @@ inline void record(Counters& counters, const Call& call) {
     counters.bytes_from_target.fetch_add(call.bytes_from_target, relaxed);
   }
 }
+
 // Ops with at least one call since the last reset.
 std::map<std::string, OpStats> snapshot();
 void reset();

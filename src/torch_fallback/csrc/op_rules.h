@@ -95,8 +95,8 @@ struct OpRules {
 const OpRules& op_rules(const c10::OperatorHandle& op);
 
 // The ops ("aten::equal") whose CUDA kernels check that all their tensors are on
-// one device (torch_fallback/_cuda_device_checks.py); set at import, before any
-// op's rules are made.
+// one device (torch_fallback/_cuda_device_checks.py, recorded by the build); set
+// as the library loads, before any op's rules are made.
 void set_cuda_device_checked_ops(const std::vector<std::string>& names);
 
 }  // namespace torch_fallback
