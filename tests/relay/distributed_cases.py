@@ -345,6 +345,60 @@ def mixed_homes(rank: int, world: int) -> dict[str, Any]:
     return {}
 
 
+def dtensor_random(rank: int, world: int) -> dict[str, Any]:
+    """DTensor's random ops on a relay mesh, twice from the same seed: a sharded and a
+    replicated draw, dropout of a sharded tensor, nn.init with a relay generator, a plain
+    draw after them, and a model made on the meta device, sharded (FSDP2), then given
+    its parameters by reset_parameters()."""
+    import torch.distributed.tensor as dtensor
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("relay", (world,))
+    rows = 4 * world
+
+    def draws() -> dict[str, torch.Tensor]:
+        torch.manual_seed(5)  # on every rank, as DTensor asks
+        sharded = dtensor.randn(rows, 3, device_mesh=mesh, placements=[Shard(0)])
+        sharded_again = dtensor.randn(rows, 3, device_mesh=mesh, placements=[Shard(0)])
+        replicated = dtensor.rand(5, device_mesh=mesh, placements=[Replicate()])
+        ones = distribute_tensor(torch.ones(rows, 64, device="relay"), mesh, [Shard(0)])
+        dropped = nn.functional.dropout(ones, 0.5)
+        generator = torch.Generator("relay").manual_seed(7)
+        initialized = dtensor.empty(rows, 3, device_mesh=mesh, placements=[Shard(0)])
+        nn.init.normal_(initialized, generator=generator)
+        after = torch.rand(3, device="relay")
+        local = {
+            "sharded": sharded.to_local(),
+            "sharded_again": sharded_again.to_local(),
+            "replicated": replicated.to_local(),
+            "dropped": dropped.to_local(),
+            "initialized": initialized.to_local(),
+            "after": after,
+        }
+        return {name: t.detach().cpu() for name, t in local.items()}
+
+    torch.manual_seed(11)
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(8, 4 * world), nn.Linear(4 * world, 2))
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.to_empty(device="relay")
+    for layer in model:
+        layer.reset_parameters()
+    model(torch.randn(3, 8, device="relay")).sum().backward()
+    return {
+        "first": draws(),
+        "second": draws(),
+        "fsdp_local": {n: p.to_local().detach().cpu() for n, p in model.named_parameters()},
+        "fsdp_grads_finite": all(
+            bool(p.grad.full_tensor().isfinite().all()) for p in model.parameters()
+        ),
+    }
+
+
 CASES: dict[str, Callable[[int, int], dict[str, Any]]] = {
     "collectives": collectives,
     "stalled-peer": lambda r, w: lost_peer(r, w, dies=False),
@@ -352,6 +406,7 @@ CASES: dict[str, Callable[[int, int], dict[str, Any]]] = {
     "mixed-homes": mixed_homes,
     "fsdp1": fsdp1,
     "fsdp2": fsdp2,
+    "dtensor-random": dtensor_random,
     **{
         f"ddp-{variant}": (lambda v: lambda r, w: ddp(r, w, v))(variant) for variant in DDP_VARIANTS
     },

@@ -142,6 +142,35 @@ def test_fsdp_trains_as_one_process_over_the_global_batch(setup, case, tmp_path)
             )
 
 
+@pytest.mark.parametrize("setup", ENGINES)
+def test_dtensor_random_ops_keep_ranks_in_step(setup, tmp_path):
+    """Each shard draws its own numbers and each replica the same ones, reproducibly
+    from a seed, and the ranks' generators stay in step (DTensor's RNG tracker)."""
+    results = spawn("dtensor-random", setup, tmp_path)
+    for result in results:
+        for name, first in result["first"].items():  # the same seed, the same numbers
+            assert torch.equal(first, result["second"][name]), name
+        first = result["first"]
+        assert not torch.equal(first["sharded"], first["sharded_again"])
+        kept = first["dropped"].count_nonzero().item() / first["dropped"].numel()
+        assert 0.3 < kept < 0.7, kept
+        assert set(first["dropped"].unique().tolist()) <= {0.0, 2.0}
+        assert result["fsdp_grads_finite"]
+        for name, local in result["fsdp_local"].items():
+            assert local.isfinite().all() and local.ne(0).all(), name
+    for name in ("replicated", "after"):  # the same on every rank
+        for result in results[1:]:
+            assert torch.equal(result["first"][name], results[0]["first"][name]), name
+    for name in ("sharded", "dropped", "initialized"):  # each shard its own
+        shards = [result["first"][name] for result in results]
+        for i, shard in enumerate(shards):
+            assert all(not torch.equal(shard, other) for other in shards[i + 1 :]), name
+    for name in results[0]["fsdp_local"]:
+        shards = [result["fsdp_local"][name] for result in results]
+        for i, shard in enumerate(shards):
+            assert all(not torch.equal(shard, other) for other in shards[i + 1 :]), name
+
+
 @pytest.mark.parametrize("case", ["stalled-peer", "dead-peer"])
 def test_a_lost_peer_gives_the_others_the_engines_error_never_a_hang(case, tmp_path):
     run_ranks(case, ("cpu", "cpu", 2), tmp_path, None)

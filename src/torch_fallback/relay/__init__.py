@@ -22,7 +22,7 @@ import torch_fallback  # the library relay's extension resolves its fallback fro
 from torch_fallback import distributed as _distributed
 
 from .._scoped import scoped
-from . import _C, _cuda_autograd, _inductor, _sharing, _streams  # noqa: F401  (_C: torch.ops.relay)
+from . import _C, _cuda_autograd, _dtensor_random, _inductor, _sharing, _streams  # noqa: F401  (_C: torch.ops.relay)
 
 NAME = "relay"
 _ops = torch.ops.relay
@@ -322,6 +322,7 @@ _register()
 _ops.add_autograd_device_threads()  # for an engine started before this import
 _distributed.register(NAME)  # "relaycc": collectives on gloo (host home) or NCCL (CUDA home)
 _cuda_autograd.install()
+_dtensor_random.install()  # DTensor's random ops on relay meshes
 _sharing.install()  # relay tensors sent to other processes share their memory
 if "TORCH_FALLBACK_RELAY_HOME" in os.environ:
     set_home(os.environ["TORCH_FALLBACK_RELAY_HOME"].strip())
