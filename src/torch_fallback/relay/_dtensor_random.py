@@ -12,8 +12,8 @@ For relay meshes, the tracker sees relay's generators in that form (PhiloxForm):
 - CUDA target: the CUDA generator's own (seed, offset). Random ops run there,
   so DTensor on relay draws what DTensor on CUDA draws.
 - CPU target: the CPU generator (a Mersenne Twister) has no offset. Its form is
-  a seed drawn from it, at offset 0; a form written back reseeds it from the
-  pair. Every shard then draws its own numbers, every replica the same ones,
+  a seed drawn from a copy of it, at offset 0; a form written back reseeds it
+  from the pair. Every shard then draws its own numbers, every replica the same ones,
   and the ranks' generators stay in step, as on CUDA; the numbers are not those
   of one whole-tensor draw, which a CPU generator cannot split.
 
@@ -24,7 +24,12 @@ relay meshes; trackers of other devices are PyTorch's own.
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
+import importlib.util
 import struct
+import sys
+import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -47,6 +52,16 @@ def _random_ops_run_on_cuda() -> bool:
     return target == "cuda" or (target == "auto" and torch.cuda.device_count() > 0)
 
 
+def philox_pair(whole: torch.Tensor) -> torch.Tensor:
+    """The (seed, offset) pair, 16 bytes, of a whole relay RNG state."""
+    if _random_ops_run_on_cuda():
+        return whole[-_PHILOX_BYTES:].clone()
+    cpu = torch.Generator()
+    cpu.set_state(whole[: cpu.get_state().numel()])
+    seed = int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64, generator=cpu))
+    return torch.frombuffer(bytearray(struct.pack("<QQ", seed & _MASK, 0)), dtype=torch.uint8)
+
+
 class PhiloxForm:
     """A relay generator as the (seed, offset) pair DTensor's tracker reads and writes."""
 
@@ -54,11 +69,7 @@ class PhiloxForm:
         self.generator = generator
 
     def get_state(self) -> torch.Tensor:
-        if _random_ops_run_on_cuda():
-            return self.generator.get_state()[-_PHILOX_BYTES:].clone()
-        seed = int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64,
-                                 device="relay", generator=self.generator))  # fmt: skip
-        return torch.frombuffer(bytearray(struct.pack("<QQ", seed & _MASK, 0)), dtype=torch.uint8)
+        return philox_pair(self.generator.get_state())
 
     def set_state(self, state: torch.Tensor) -> None:
         state = state.detach().to("cpu", torch.uint8).contiguous()
@@ -97,14 +108,48 @@ def _is_relay(generator: torch.Generator | None) -> bool:
     return generator is not None and generator.device.type == "relay"
 
 
+TRACKER_MODULE = "torch.distributed.tensor._random"
+
+
+class OnImport(importlib.abc.MetaPathFinder):
+    """Calls `then(module)` once the module `name` has been first imported and run."""
+
+    def __init__(self, name: str, then: Callable[[types.ModuleType], None]) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != self.name:
+            return None
+        sys.meta_path.remove(self)  # then the module's spec, as Python finds it
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        load = spec.loader.exec_module
+
+        def exec_module(module: types.ModuleType) -> None:
+            load(module)
+            self.then(module)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
 def install() -> None:
-    """Extend DTensor's offset-based RNG tracker to relay meshes (once a process)."""
+    """Extend DTensor's offset-based RNG tracker to relay meshes, now or when DTensor
+    is imported (once a process)."""
     if not torch.distributed.is_available():
         return
-    try:
-        from torch.distributed.tensor import _random
-    except ImportError:  # a torch without DTensor
-        return
+    # Importing DTensor costs a few tenths of a second, which a process without it
+    # does not pay.
+    module = sys.modules.get(TRACKER_MODULE)
+    if module is not None:
+        extend_tracker(module)
+    elif not any(getattr(finder, "name", None) == TRACKER_MODULE for finder in sys.meta_path):
+        sys.meta_path.insert(0, OnImport(TRACKER_MODULE, extend_tracker))
+
+
+def extend_tracker(_random: types.ModuleType) -> None:
+    """Make DTensor's OffsetBasedRNGTracker one that serves relay meshes too."""
     base = getattr(_random, "OffsetBasedRNGTracker", None)
     if base is None or getattr(base, "_relay_aware", False):
         return
@@ -115,8 +160,13 @@ def install() -> None:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)  # its state sync broadcasts whole relay states
             device = getattr(self, "_device", None)
-            if getattr(device, "type", None) == "relay":
-                self._device_handle = _DeviceHandle(self._device_handle)
+            if getattr(device, "type", None) != "relay":
+                return
+            self._device_handle = _DeviceHandle(self._device_handle)
+            # Older trackers keep the synchronized state themselves, read once here.
+            states = getattr(self, "rng_states", None)
+            if isinstance(states, dict) and "parallel-rng" in states:
+                states["parallel-rng"] = philox_pair(states["parallel-rng"])
 
         @contextlib.contextmanager
         def _distribute_region(self, spec: Any, generator: torch.Generator | None = None):
