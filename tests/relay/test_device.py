@@ -472,6 +472,45 @@ def test_compile_with_inductor_is_refused_naming_relay(placement):
     assert "aot_eager" in str(error.value)
 
 
+DYNAMO_AFTER_RELAY = """
+import sys, torch
+import torch_fallback.relay as relay
+print("dynamo imported with relay:", "torch._dynamo" in sys.modules)
+
+@torch.compile(backend="eager", fullgraph=True)
+def scaled(x):
+    return x * (relay.current_device() + 1) + relay.device_count()
+
+def reseeded(x):
+    relay.manual_seed(7)
+    state = relay.get_rng_state()
+    first = torch.rand(3, device="relay")
+    relay.set_rng_state(state)
+    with relay.device(0):
+        again = torch.rand(3, device="relay")
+    return x + first - again + relay.initial_seed()
+
+print(scaled(torch.ones(2, device="relay")).cpu().tolist())
+print(torch.compile(reseeded, backend="eager")(torch.zeros(3, device="relay")).cpu().tolist())
+"""
+
+
+def test_relay_imports_no_compiler_and_compiled_code_still_calls_it_eagerly():
+    """Dynamo's import takes most of a second: relay's import leaves it out, and the
+    device module's host calls are disabled for it when it comes."""
+    done = subprocess.run(
+        [sys.executable, "-c", DYNAMO_AFTER_RELAY], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    count = relay.device_count()
+    assert lines == [
+        "dynamo imported with relay: False",
+        str([1.0 + count, 1.0 + count]),
+        str([7.0, 7.0, 7.0]),
+    ], done.stdout + done.stderr[-3000:]
+
+
 # Sparse layouts.
 
 

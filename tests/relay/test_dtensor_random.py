@@ -10,6 +10,7 @@ import torch
 
 import torch_fallback
 from torch_fallback.relay import _dtensor_random
+from torch_fallback.relay._imports import OnImport
 
 pytestmark = pytest.mark.skipif(
     not torch.distributed.is_available(), reason="torch.distributed is not built in this torch"
@@ -62,7 +63,7 @@ def test_on_import_runs_after_the_module_and_only_once(tmp_path, monkeypatch):
     (tmp_path / "late_module.py").write_text("VALUE = 41\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     seen: list[int] = []
-    finder = _dtensor_random.OnImport("late_module", lambda module: seen.append(module.VALUE))
+    finder = OnImport("late_module", lambda module: seen.append(module.VALUE))
     monkeypatch.setattr(sys, "meta_path", [finder, *sys.meta_path])
     import late_module  # noqa: F401
 

@@ -15,6 +15,9 @@ import contextlib
 import dataclasses
 import os
 import sys
+import types
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -22,7 +25,7 @@ import torch_fallback  # the library relay's extension resolves its fallback fro
 from torch_fallback import distributed as _distributed
 
 from .._scoped import scoped
-from . import _C, _cuda_autograd, _dtensor_random, _inductor, _sharing, _streams  # noqa: F401  (_C: torch.ops.relay)
+from . import _C, _cuda_autograd, _dtensor_random, _imports, _inductor, _sharing, _streams  # noqa: F401  (_C: torch.ops.relay)
 
 NAME = "relay"
 _ops = torch.ops.relay
@@ -56,13 +59,30 @@ def _is_in_bad_fork() -> bool:
 # torch.accelerator (relay is its accelerator once imported), which Dynamo
 # folds into a constant with a guard, as it folds torch.cuda's; the calls that
 # change host state (generators, the current device) run eagerly, a graph
-# break, where tracing their ops would fail.
-_host_call = torch.compiler.disable
+# break, where tracing their ops would fail. Dynamo's import takes most of a
+# second: they are disabled for it (torch.compiler.disable) when it is first
+# imported, before it can trace anything (_disable_host_calls).
+_HOST_CALLS: list[str] = []  # qualified names in this module
+
+
+def _host_call(fn: Callable[..., Any]) -> Callable[..., Any]:
+    _HOST_CALLS.append(fn.__qualname__)
+    return fn
+
+
+def _disable_host_calls(dynamo: types.ModuleType) -> None:
+    for qualname in _HOST_CALLS:
+        *path, name = qualname.split(".")
+        owner: Any = sys.modules[__name__]
+        for part in path:
+            owner = getattr(owner, part)
+        setattr(owner, name, dynamo.disable(getattr(owner, name)))
+
+
 # Older torch.accelerator lacks it: then the index comes from relay's op (a graph break).
 _current_index = getattr(getattr(torch, "accelerator", None), "current_device_index", None)
 
 
-@torch.compiler.assume_constant_result  # fixed for the process, as torch.cuda's
 def device_count() -> int:
     """relay:i keeps its GPU memory on cuda:i: one device per visible GPU, at least one."""
     return _ops.device_count()  # what torch.accelerator.device_count() asks
@@ -322,6 +342,9 @@ _register()
 _ops.add_autograd_device_threads()  # for an engine started before this import
 _distributed.register(NAME)  # "relaycc": collectives on gloo (host home) or NCCL (CUDA home)
 _cuda_autograd.install()
+# Fixed for the process, as torch.cuda's (what torch.compiler.assume_constant_result marks).
+device_count._dynamo_marked_constant = True  # type: ignore[attr-defined]
+_imports.when_imported("torch._dynamo", _disable_host_calls)
 _dtensor_random.install()  # DTensor's random ops on relay meshes
 _sharing.install()  # relay tensors sent to other processes share their memory
 if "TORCH_FALLBACK_RELAY_HOME" in os.environ:

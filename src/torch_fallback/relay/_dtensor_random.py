@@ -24,17 +24,15 @@ relay meshes; trackers of other devices are PyTorch's own.
 from __future__ import annotations
 
 import contextlib
-import importlib.abc
-import importlib.util
 import struct
-import sys
 import types
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 import torch_fallback
+
+from ._imports import when_imported
 
 _MASK = (1 << 64) - 1
 _PHILOX_BYTES = 16  # CUDA's generator state: the seed, then the offset (two 64-bit words)
@@ -111,29 +109,6 @@ def _is_relay(generator: torch.Generator | None) -> bool:
 TRACKER_MODULE = "torch.distributed.tensor._random"
 
 
-class OnImport(importlib.abc.MetaPathFinder):
-    """Calls `then(module)` once the module `name` has been first imported and run."""
-
-    def __init__(self, name: str, then: Callable[[types.ModuleType], None]) -> None:
-        self.name, self.then = name, then
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != self.name:
-            return None
-        sys.meta_path.remove(self)  # then the module's spec, as Python finds it
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None:
-            return spec
-        load = spec.loader.exec_module
-
-        def exec_module(module: types.ModuleType) -> None:
-            load(module)
-            self.then(module)
-
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
-
-
 def install() -> None:
     """Extend DTensor's offset-based RNG tracker to relay meshes, now or when DTensor
     is imported (once a process)."""
@@ -141,11 +116,7 @@ def install() -> None:
         return
     # Importing DTensor costs a few tenths of a second, which a process without it
     # does not pay.
-    module = sys.modules.get(TRACKER_MODULE)
-    if module is not None:
-        extend_tracker(module)
-    elif not any(getattr(finder, "name", None) == TRACKER_MODULE for finder in sys.meta_path):
-        sys.meta_path.insert(0, OnImport(TRACKER_MODULE, extend_tracker))
+    when_imported(TRACKER_MODULE, extend_tracker)
 
 
 def extend_tracker(_random: types.ModuleType) -> None:
