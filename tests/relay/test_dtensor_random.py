@@ -3,6 +3,7 @@ test_distributed.py runs DTensor's random ops over ranks)."""
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 import pytest
@@ -65,6 +66,8 @@ def test_on_import_runs_after_the_module_and_only_once(tmp_path, monkeypatch):
     seen: list[int] = []
     finder = OnImport("late_module", lambda module: seen.append(module.VALUE))
     monkeypatch.setattr(sys, "meta_path", [finder, *sys.meta_path])
+    assert importlib.util.find_spec("late_module") is not None  # a look imports nothing
+    assert seen == [] and finder in sys.meta_path
     import late_module  # noqa: F401
 
     assert seen == [41] and finder not in sys.meta_path

@@ -11,23 +11,32 @@ from typing import Any
 
 
 class OnImport(importlib.abc.MetaPathFinder):
-    """Calls `then(module)` once the module `name` has been first imported and run."""
+    """Calls `then(module)` once the module `name` has been first imported and run.
+
+    It leaves sys.meta_path only then: a look for the module that imports nothing
+    (importlib.util.find_spec) leaves it waiting for the import."""
 
     def __init__(self, name: str, then: Callable[[types.ModuleType], None]) -> None:
         self.name, self.then = name, then
+        self._finding = False
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != self.name:
+        if name != self.name or self._finding:
             return None
-        sys.meta_path.remove(self)  # then the module's spec, as Python finds it
-        spec = importlib.util.find_spec(name)
+        self._finding = True  # the module's spec, as the other finders give it
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self._finding = False
         if spec is None or spec.loader is None:
             return spec
         load = spec.loader.exec_module
 
         def exec_module(module: types.ModuleType) -> None:
             load(module)
-            self.then(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+                self.then(module)
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
