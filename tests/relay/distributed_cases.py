@@ -244,8 +244,10 @@ def ddp(rank: int, world: int, variant: str) -> dict[str, Any]:
         else:
             nn.functional.mse_loss(wrapped(mine_x), mine_y).backward()
         optimizer.step()
+    logged = wrapped._get_ddp_logging_data()  # DDP's runtime statistics need relay's timer
     return {
         "parameters": {n: p.detach().cpu() for n, p in model.named_parameters()},
+        "forward_time_ns": logged.get("avg_forward_compute_time", 0),
         "devices": sorted({p.device.type for p in model.parameters()}),
         "grad_devices": sorted(
             {p.grad.device.type for p in model.parameters() if p.grad is not None}

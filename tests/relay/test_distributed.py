@@ -117,6 +117,7 @@ def test_ddp_trains_as_one_process_over_the_global_batch(setup, variant, tmp_pat
     tolerance = TOLERANCE.get(variant, {"rtol": 1e-10, "atol": 1e-12})
     for rank, result in enumerate(results):
         assert result["devices"] == ["relay"] and result["grad_devices"] == ["relay"]
+        assert result["forward_time_ns"] > 0, "DDP recorded no runtime statistics"
         for name, reference in expected.items():
             torch.testing.assert_close(
                 result["parameters"][name],
