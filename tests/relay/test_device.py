@@ -65,6 +65,20 @@ def test_memory_figures_follow_allocations(placement):
     assert relay.max_memory_allocated() == before
 
 
+def test_memory_summary_and_the_older_reset_read_the_same_figures(placement):
+    relay.reset_max_memory_allocated()  # torch.cuda's older spelling
+    before = relay.memory_allocated()
+    assert relay.max_memory_allocated() == before
+    x = torch.empty(3 * 1024 * 1024, dtype=torch.uint8, device="relay")
+    summary = relay.memory_summary()
+    assert summary.startswith(f"relay:0 memory, {relay.get_home()} home")
+    allocated = next(line for line in summary.splitlines() if line.startswith("allocated"))
+    assert f"{(before + x.nbytes) / 2**20:.2f} MiB" in allocated, summary
+    del x
+    relay.reset_max_memory_cached()
+    assert relay.max_memory_allocated() == before
+
+
 def test_generic_memory_calls_of_the_device_module(placement):
     # What code written against torch.cuda asks of torch.get_device_module(device).
     module = torch.get_device_module("relay")

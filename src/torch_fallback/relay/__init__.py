@@ -140,6 +140,37 @@ def reset_peak_memory_stats(device: DeviceLike | None = None) -> None:
     _ops.reset_peak_memory_stats(_index(device))
 
 
+def reset_max_memory_allocated(device: DeviceLike | None = None) -> None:
+    """As torch.cuda's, which deprecates it: reset_peak_memory_stats."""
+    reset_peak_memory_stats(device)
+
+
+reset_max_memory_cached = reset_max_memory_allocated
+
+
+def memory_summary(device: DeviceLike | None = None, abbreviated: bool = False) -> str:
+    """memory_stats() as a table, for code that prints torch.cuda.memory_summary();
+    `abbreviated` is taken and changes nothing (relay has one pool)."""
+    stats = memory_stats(device)
+    index = _utils._get_device_index(device)
+
+    def size(value: int) -> str:
+        for unit in ("B", "KiB", "MiB", "GiB"):
+            if value < 1024 or unit == "GiB":
+                return f"{value} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+            value /= 1024
+        raise AssertionError("unreachable")
+
+    lines = [
+        f"relay:{index} memory, {get_home()} home (relay keeps no cache: reserved is allocated)",
+        f"{'':<18}{'current':>14}{'peak':>14}",
+    ]
+    for kind in ("allocated_bytes", "reserved_bytes"):
+        current, peak = stats[f"{kind}.all.current"], stats[f"{kind}.all.peak"]
+        lines.append(f"{kind.split('_')[0]:<18}{size(current):>14}{size(peak):>14}")
+    return "\n".join(lines)
+
+
 def memory_reserved(device: DeviceLike | None = None) -> int:
     """As memory_allocated: relay keeps no cache of its own."""
     return memory_allocated(device)
