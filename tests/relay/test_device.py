@@ -486,8 +486,9 @@ def test_compile_with_inductor_is_refused_naming_relay(placement):
     assert "aot_eager" in str(error.value)
 
 
-DYNAMO_AFTER_RELAY = """
+COMPILED_HOST_CALLS = """
 import sys, torch
+{first}
 import torch_fallback.relay as relay
 print("dynamo imported with relay:", "torch._dynamo" in sys.modules)
 
@@ -509,17 +510,20 @@ print(torch.compile(reseeded, backend="eager")(torch.zeros(3, device="relay")).c
 """
 
 
-def test_relay_imports_no_compiler_and_compiled_code_still_calls_it_eagerly():
+@pytest.mark.parametrize("dynamo_first", [False, True], ids=["dynamo-later", "dynamo-first"])
+def test_relay_imports_no_compiler_and_compiled_code_still_calls_it_eagerly(dynamo_first):
     """Dynamo's import takes most of a second: relay's import leaves it out, and the
-    device module's host calls are disabled for it when it comes."""
+    device module's host calls are disabled for it when it comes (or at once, where
+    it came first)."""
+    script = COMPILED_HOST_CALLS.format(first="import torch._dynamo" if dynamo_first else "")
     done = subprocess.run(
-        [sys.executable, "-c", DYNAMO_AFTER_RELAY], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     count = relay.device_count()
     assert lines == [
-        "dynamo imported with relay: False",
+        f"dynamo imported with relay: {dynamo_first}",
         str([1.0 + count, 1.0 + count]),
         str([7.0, 7.0, 7.0]),
     ], done.stdout + done.stderr[-3000:]
