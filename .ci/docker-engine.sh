@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # A Docker engine and the base images, through ../shared/ci/docker-up.sh, with a
-# second try when the engine does not come up in that script's minute.
+# second try at what failed.
 #
-# A busy or freshly booted host can take longer than a minute to start dockerd,
-# can leave a half-started daemon or stale pid files behind, or can lack the
-# nf_tables kernel support that Debian's default iptables needs. On a failed
-# first try this prints the end of the daemon's log (so CI shows why), clears
-# what a failed start leaves, switches to legacy iptables when the log says
-# iptables failed, and waits up to three minutes for a fresh daemon. The
-# shared script then runs again: with the engine up it only provides images.
+# A busy or freshly booted host can take longer than the shared script's minute
+# to start dockerd, can leave a half-started daemon or stale pid files behind, or
+# can lack the nf_tables kernel support that Debian's default iptables needs; a
+# mirror can fail an install or an image once. After a failed first try this
+# tries again what failed: the images, the install, or else the daemon. For the
+# daemon it prints the end of its log (so CI shows why), clears what the failed
+# start left, switches to legacy iptables when the log names iptables, and waits
+# up to three minutes for a fresh one; the shared script then runs again, and
+# with the engine up it only provides the images.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,6 +24,10 @@ fi
 
 if docker info >/dev/null 2>&1; then
   say "the engine is up; the base images failed: trying them once more"
+  exec bash ../shared/ci/docker-up.sh
+fi
+if ! command -v dockerd >/dev/null 2>&1; then
+  say "no dockerd: its install failed; trying the install once more"
   exec bash ../shared/ci/docker-up.sh
 fi
 
