@@ -9,8 +9,8 @@ CUDA generator's, so the tracker failed on every random op of a relay DTensor
 
 For relay meshes, the tracker sees relay's generators in that form (PhiloxForm):
 
-- CUDA target: the CUDA generator's own (seed, offset). Random ops run there,
-  so DTensor on relay draws what DTensor on CUDA draws.
+- CUDA target: the CUDA generator's own (seed, offset), where random ops run;
+  the tracker offsets it as it offsets CUDA's.
 - CPU target: the CPU generator (a Mersenne Twister) has no offset. Its form is
   a seed drawn from a copy of it, at offset 0; a form written back reseeds it
   from the pair. Every shard then draws its own numbers, every replica the same ones,
