@@ -13,7 +13,9 @@ import pickle
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
+import compile_cases
 import pytest
 import torch
 import torch.utils.checkpoint
@@ -453,29 +455,13 @@ def test_compile_with_eager_backends(placement, backend):
 
 
 def test_compiled_code_calls_relays_device_module(placement):
-    # As code written for torch.cuda calls it: the device index and count fold
-    # into the graph; seeding and generator state run eagerly between graphs.
     torch._dynamo.reset()
-
-    @torch.compile(backend="eager", fullgraph=True)
-    def scaled(x):
-        return x * (relay.current_device() + 1) + relay.device_count()
-
-    x = torch.ones(2, device="relay")
-    torch.testing.assert_close(scaled(x).cpu(), torch.full((2,), 1.0 + relay.device_count()))
-
-    def reseeded(x):
-        relay.manual_seed(7)
-        state = relay.get_rng_state()
-        first = torch.rand(3, device="relay")
-        relay.set_rng_state(state)
-        with relay.device(0):
-            again = torch.rand(3, device="relay")
-        return x + first - again + relay.initial_seed()
-
-    x = torch.zeros(3, device="relay")
-    torch.testing.assert_close(torch.compile(reseeded, backend="eager")(x).cpu(), reseeded(x).cpu())
-    torch.testing.assert_close(reseeded(x).cpu(), torch.full((3,), 7.0))
+    count = relay.device_count()
+    assert compile_cases.run() == {
+        "scaled": [1.0 + count] * 2,
+        "reseeded compiled": [7.0] * 3,
+        "reseeded eager": [7.0] * 3,
+    }
 
 
 def test_compile_with_inductor_is_refused_naming_relay(placement):
@@ -489,24 +475,11 @@ def test_compile_with_inductor_is_refused_naming_relay(placement):
 COMPILED_HOST_CALLS = """
 import sys, torch
 {first}
-import torch_fallback.relay as relay
+import torch_fallback.relay
 print("dynamo imported with relay:", "torch._dynamo" in sys.modules)
-
-@torch.compile(backend="eager", fullgraph=True)
-def scaled(x):
-    return x * (relay.current_device() + 1) + relay.device_count()
-
-def reseeded(x):
-    relay.manual_seed(7)
-    state = relay.get_rng_state()
-    first = torch.rand(3, device="relay")
-    relay.set_rng_state(state)
-    with relay.device(0):
-        again = torch.rand(3, device="relay")
-    return x + first - again + relay.initial_seed()
-
-print(scaled(torch.ones(2, device="relay")).cpu().tolist())
-print(torch.compile(reseeded, backend="eager")(torch.zeros(3, device="relay")).cpu().tolist())
+sys.path.insert(0, {tests!r})
+import compile_cases
+print(compile_cases.run())
 """
 
 
@@ -515,18 +488,23 @@ def test_relay_imports_no_compiler_and_compiled_code_still_calls_it_eagerly(dyna
     """Dynamo's import takes most of a second: relay's import leaves it out, and the
     device module's host calls are disabled for it when it comes (or at once, where
     it came first)."""
-    script = COMPILED_HOST_CALLS.format(first="import torch._dynamo" if dynamo_first else "")
+    script = COMPILED_HOST_CALLS.format(
+        first="import torch._dynamo" if dynamo_first else "", tests=str(Path(__file__).parent)
+    )
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     count = relay.device_count()
-    assert lines == [
-        f"dynamo imported with relay: {dynamo_first}",
-        str([1.0 + count, 1.0 + count]),
-        str([7.0, 7.0, 7.0]),
-    ], done.stdout + done.stderr[-3000:]
+    expected = {
+        "scaled": [1.0 + count] * 2,
+        "reseeded compiled": [7.0] * 3,
+        "reseeded eager": [7.0] * 3,
+    }
+    assert lines == [f"dynamo imported with relay: {dynamo_first}", str(expected)], (
+        done.stdout + done.stderr[-3000:]
+    )
 
 
 # Sparse layouts.

@@ -155,11 +155,14 @@ def memory_summary(device: DeviceLike | None = None, abbreviated: bool = False) 
     index = _utils._get_device_index(device)
 
     def size(value: int) -> str:
-        for unit in ("B", "KiB", "MiB", "GiB"):
-            if value < 1024 or unit == "GiB":
-                return f"{value} {unit}" if unit == "B" else f"{value:.2f} {unit}"
-            value /= 1024
-        raise AssertionError("unreachable")
+        if value < 1024:
+            return f"{value} B"
+        scaled = value / 1024
+        for unit in ("KiB", "MiB"):
+            if scaled < 1024:
+                return f"{scaled:.2f} {unit}"
+            scaled /= 1024
+        return f"{scaled:.2f} GiB"
 
     lines = [
         f"relay:{index} memory, {get_home()} home (relay keeps no cache: reserved is allocated)",
