@@ -193,30 +193,16 @@ C10_REGISTER_GUARD_IMPL(PrivateUse1, RelayGuardImpl);
 
 // DDP's runtime statistics (its logger's forward, backward and communication
 // times) need a timer for the parameters' device type; without one DDP warns
-// and records none. relay's reads the host clock, as CPU's does: on a GPU home
-// it times the host's side of the work, which CUDA's times with events.
-class HostTimer final : public c10d::Timer {
- public:
-  explicit HostTimer(c10::Device /*device*/) {}
-
-  std::optional<int64_t> measureDifference(Event start, Event end) override {
-    const std::optional<int64_t> from = getTimestamp(start);
-    const std::optional<int64_t> to = getTimestamp(end);
-    if (!from || !to || *to < *from) return std::nullopt;
-    return *to - *from;
-  }
-};
-
-// At the lowest priority and only where none is registered: a timer torch
-// registers for PrivateUse1 itself is left in place.
+// and records none. relay's is the CPU's, PyTorch's own, which reads the host
+// clock: on a GPU home it times the host's side of the work, which CUDA's
+// times with events. Registered at the lowest priority and only where none is:
+// a timer torch registers for PrivateUse1 itself is left in place.
 const bool g_timer_registered = [] {
   auto* timers = c10d::TimerRegistry();
   if (!timers->Has(c10::kPrivateUse1)) {
     timers->Register(
         c10::kPrivateUse1,
-        [](c10::Device device) -> std::unique_ptr<c10d::Timer> {
-          return std::make_unique<HostTimer>(device);
-        },
+        [](c10::Device device) { return c10d::TimerRegistry()->Create(c10::kCPU, device); },
         c10::REGISTRY_FALLBACK);
   }
   return true;
