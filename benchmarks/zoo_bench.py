@@ -182,6 +182,19 @@ def run(args: argparse.Namespace, forwarded: list[str]) -> dict:
     return result
 
 
+def added_us_per_call(row: dict) -> float | None:
+    """relay's added host time per fallback call: the paired excess over native
+    times native's step time, over the step's fallback calls."""
+    calls = (row.get("fallback") or {}).get("calls", 0)
+    if not calls:
+        return None
+    return (row["relay_ratio"] - 1.0) * row["native_ms"] * 1000.0 / calls
+
+
+def _signed(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.2f}"
+
+
 def render(result: dict) -> str:
     meta = result["meta"]
     lines = [
@@ -192,8 +205,8 @@ def render(result: dict) -> str:
         + (", backward on the calling thread" if meta.get("backward_thread") == "calling" else ""),
         "",
         "| model | mode | native ms | relay ms | relay/native (quartiles) | control "
-        "| fallback calls (boxed) |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        "| fallback calls (boxed) | +µs per call |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     boxed_ops: dict[str, int] = {}
     for row in result["rows"]:
@@ -205,7 +218,8 @@ def render(result: dict) -> str:
         lines.append(
             f"| {row['model']} | {row['mode']} | {row['native_ms']:.2f} | {row['relay_ms']:.2f} "
             f"| {row['relay_ratio']:.2f}{spread} | {row['control_ratio']:.2f} "
-            f"| {calls['calls']} ({sum(calls['boxed'].values())}) |"
+            f"| {calls['calls']} ({sum(calls['boxed'].values())}) "
+            f"| {_signed(added_us_per_call(row))} |"
         )
     if boxed_ops:
         ranked = sorted(boxed_ops.items(), key=lambda item: -item[1])
