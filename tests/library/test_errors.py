@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -100,6 +102,24 @@ def test_relay_and_a_non_scalar_cpu_tensor_in_one_op():
     ) as error:
         torch.cat([relay(torch.randn(3)), torch.randn(3)])
     assert "aten::cat" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "mix",
+    [
+        lambda r: r + torch.randn(3),
+        lambda r: torch.cat([r, torch.randn(3)]),
+        lambda r: torch.add(r, r, out=torch.empty(3)),
+        lambda r: torch._foreach_add([r], [torch.randn(3)]),
+        lambda r: torch.clamp(r, min=torch.tensor(0.0)),
+    ],
+    ids=["binary", "list", "out", "foreach", "checked-scalar"],
+)
+def test_a_mixed_device_refusal_carries_eagers_words(mix):
+    # Code that catches eager's refusal (accelerate's, users') matches its words.
+    eager = "Expected all tensors to be on the same device, but found at least two devices, "
+    with pytest.raises(RuntimeError, match=re.escape(eager + "relay:0 and cpu!")):
+        mix(relay(torch.randn(3)))
 
 
 def test_a_foreach_op_refuses_a_cpu_tensor_in_its_lists():

@@ -10,6 +10,8 @@
 #include <ATen/ops/zeros.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <sstream>
+
 #include "decompositions.h"
 #include "metrics.h"
 #include "small_map.h"
@@ -109,6 +111,15 @@ class FallbackCall {
   // Tensor[], in a Tensor?[], or as an argument that CUDA's kernel reads on the host.
   enum class Passed { Alone, Written, InFirstList, InLaterList, InOptionalList, ReadOnHost };
 
+  // Eager's words for tensors on two devices, which code that catches the error matches.
+  std::string two_devices(c10::Device other) const {
+    std::ostringstream message;
+    message << "Expected all tensors to be on the same device, but found at least two devices, "
+            << backend_name() << ":" << static_cast<int>(backend_index()) << " and " << other
+            << "!";
+    return message.str();
+  }
+
   void check_tensor_device(const at::Tensor& tensor, Passed passed) {
     if (!tensor.defined()) return;
     const c10::Device device = tensor.device();
@@ -121,9 +132,10 @@ class FallbackCall {
         backend_index_ = device.index();
         return;
       }
-      TORCH_CHECK(*backend_index_ == device.index(), "torch_fallback: ", full_name(),
-                  " got tensors on ", backend_name(), ":", static_cast<int>(*backend_index_),
-                  " and on ", device, "; move them to one device first.");
+      TORCH_CHECK(*backend_index_ == device.index(), "torch_fallback: ", full_name(), ": ",
+                  two_devices(device), " It got tensors on ", backend_name(), ":",
+                  static_cast<int>(*backend_index_), " and on ", device,
+                  "; move them to one device first.");
       return;
     }
     const bool in_list = passed == Passed::InFirstList || passed == Passed::InLaterList;
@@ -133,7 +145,8 @@ class FallbackCall {
       // device, and refuses to write across devices). Its other lists may hold
       // 0-dim CPU tensors, as scalars.
       TORCH_CHECK(device.is_cpu() && tensor.dim() == 0 && passed == Passed::InLaterList,
-                  "torch_fallback: ", full_name(), " got a tensor on ", device,
+                  "torch_fallback: ", full_name(), ": ", two_devices(device),
+                  " It got a tensor on ", device,
                   " in a list together with ", backend_name(), " tensors; the tensors of its ",
                   "lists must be on ", backend_name(),
                   " (0-dim CPU tensors excepted after the first list). Move them there first "
@@ -144,8 +157,9 @@ class FallbackCall {
     }
     // A 0-dim CPU tensor is a scalar the op reads, never one it writes: CUDA
     // refuses to write a result to the CPU.
-    TORCH_CHECK(passed != Passed::Written, "torch_fallback: ", full_name(),
-                " would write its result into a tensor on ", device, " from ", backend_name(),
+    TORCH_CHECK(passed != Passed::Written, "torch_fallback: ", full_name(), ": ",
+                two_devices(device), " It would write its result into a tensor on ", device,
+                " from ", backend_name(),
                 " tensors; the tensors an op writes (in place or out=) must be on ",
                 backend_name(), ". Write into a ", backend_name(),
                 " tensor, then copy it to the CPU.");
@@ -157,9 +171,9 @@ class FallbackCall {
         (tensor.dim() == 0 && !rules_.takes_no_cpu_scalars) || passed == Passed::ReadOnHost ||
         (passed == Passed::InOptionalList && rules_.takes_cpu_indices) ||
         (rules_.is_foreach && (passed == Passed::Alone || rules_.copies_between_devices));
-    TORCH_CHECK(device.is_cpu() && cpu_allowed, "torch_fallback: ", full_name(),
-                " got a tensor on ", device, " together with ", backend_name(),
-                " tensors; all its tensors must be on ", backend_name(),
+    TORCH_CHECK(device.is_cpu() && cpu_allowed, "torch_fallback: ", full_name(), ": ",
+                two_devices(device), " It got a tensor on ", device, " together with ",
+                backend_name(), " tensors; all its tensors must be on ", backend_name(),
                 rules_.takes_cpu_indices      ? " (indices may be on the CPU)"
                 : rules_.takes_no_cpu_scalars ? " (0-dim CPU tensors too: CUDA's kernel takes none)"
                                               : " (0-dim CPU tensors excepted)",
