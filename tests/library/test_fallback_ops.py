@@ -145,6 +145,24 @@ def test_out_argument_takes_the_layout_the_kernel_gives_it(placement):
     assert out.stride() == expected.stride()
 
 
+@pytest.mark.parametrize("batch", [(), (2,)], ids=["matrix", "batched"])
+def test_a_result_viewing_a_buffer_of_the_kernels_keeps_eagers_layout(placement, batch):
+    # linalg_lstsq's solution is a slice of a column-major (max(m, n), k) buffer,
+    # on the CPU and CUDA alike; its functional form writes through the out= one.
+    a, b = torch.randn(*batch, 6, 3), torch.randn(*batch, 6, 2)
+    expected = torch.linalg.lstsq(a, b).solution
+    outs = [torch.empty(0, dtype=dtype, device="relay") for dtype in (a.dtype, a.dtype, torch.long)]
+    outs.append(torch.empty(0, device="relay"))
+    for actual in (
+        torch.linalg.lstsq(relay(a), relay(b)).solution,
+        torch.linalg.lstsq(relay(a), relay(b), out=tuple(outs)).solution,
+    ):
+        assert_matches(actual, expected)
+        assert actual.stride() == expected.stride()
+        assert actual.untyped_storage().nbytes() == expected.untyped_storage().nbytes()
+    assert outs[0].stride() == expected.stride()
+
+
 def test_op_with_several_outputs_written_in_place(placement):
     x = torch.randn(4, 6)
     values, indices = relay(torch.empty(0)), relay(torch.empty(0, dtype=torch.long))

@@ -5,6 +5,7 @@
 #include "call_support.h"
 
 #include <ATen/ops/_copy_from_and_resize.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/zeros.h>
@@ -655,6 +656,18 @@ class FallbackCall {
       original.unsafeGetTensorImpl()->set_sizes_and_strides(written.sizes(), written.strides(),
                                                             original.storage_offset());
       original.copy_(written);
+    } else if (written.sizes() != original.sizes() && !written.is_contiguous() &&
+               written.dtype() == original.dtype()) {
+      // A view into a buffer of the kernel's (linalg_lstsq's solution, a slice of a
+      // column-major one): the backend's tensor views a copy of the whole buffer,
+      // with the same geometry, as eager's views the buffer itself.
+      const int64_t elements = static_cast<int64_t>(written.storage().nbytes() /
+                                                    written.dtype().itemsize());
+      const at::Tensor buffer = at::empty({0}, written.options())
+                                    .set_(written.storage(), 0, {elements}, {1});
+      at::Tensor copy = at::empty({elements}, original.options());
+      copy.copy_(buffer);
+      original.set_(copy.storage(), written.storage_offset(), written.sizes(), written.strides());
     } else {
       at::_copy_from_and_resize(written, original);
     }
