@@ -110,6 +110,18 @@ def collectives(rank: int, world: int) -> dict[str, Any]:
     out = torch.empty(1, dtype=torch.float64, device="relay")
     dist.reduce_scatter_tensor(out, _relay([float(rank * world + i) for i in range(world)]))
     check("reduce_scatter_tensor", out, torch.tensor([sum(r * world + rank for r in range(world))]))
+    # The whole tensor in any shape of the right size, as NCCL takes it: stacked, or
+    # one row (SyncBatchNorm gathers into a (1, world * n) tensor on every engine but gloo).
+    gathered_by_rank = torch.stack([ranks + 1, 10 * (ranks + 1)], 1)
+    for shape in ((world, 2), (1, 2 * world)):
+        whole = torch.empty(shape, dtype=torch.float64, device="relay")
+        dist.all_gather_into_tensor(whole, mine)
+        check(f"all_gather_into_tensor {shape}", whole, gathered_by_rank.reshape(shape))
+        spread = _relay([[float(r * world + rank + i) for i in range(2)] for r in range(world)])
+        out = torch.empty(2, dtype=torch.float64, device="relay")
+        dist.reduce_scatter_tensor(out, spread.reshape(shape))
+        summed = [sum(float(rank * world + r + i) for r in range(world)) for i in range(2)]
+        check(f"reduce_scatter_tensor {shape}", out, torch.tensor(summed))
     outputs = [torch.empty(1, dtype=torch.float64, device="relay") for _ in range(world)]
     dist.all_to_all(outputs, [_relay([float(rank * 100 + i)]) for i in range(world)])
     check("all_to_all", torch.cat(outputs), torch.tensor([r * 100.0 + rank for r in range(world)]))
@@ -401,6 +413,65 @@ def dtensor_random(rank: int, world: int) -> dict[str, Any]:
     }
 
 
+class NormNet(nn.Module):
+    """A convolution, BatchNorm and a head: SyncBatchNorm's model once converted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3, padding=1)
+        self.norm = nn.BatchNorm2d(4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.conv(x)).relu().mean((2, 3)))
+
+
+def norm_batches(channels_last: bool) -> tuple[dict[str, torch.Tensor], list]:
+    torch.manual_seed(0)
+    state = NormNet().double().state_dict()
+    gen = torch.Generator().manual_seed(1)
+    batches = []
+    for _ in range(STEPS):
+        x = torch.randn(BATCH, 2, 5, 5, generator=gen, dtype=torch.float64)
+        if channels_last:
+            x = x.to(memory_format=torch.channels_last)
+        batches.append((x, torch.randn(BATCH, 3, generator=gen, dtype=torch.float64)))
+    return state, batches
+
+
+def train_norm_net(model: nn.Module, batches: list, shard: Callable) -> dict[str, torch.Tensor]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for x, y in batches:
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(shard(x)), shard(y)).backward()
+        optimizer.step()
+    return {name: t.detach().cpu() for name, t in model.state_dict().items()}
+
+
+def norm_reference(channels_last: bool) -> dict[str, torch.Tensor]:
+    """BatchNorm in one process over the global batch, eager on the CPU."""
+    state, batches = norm_batches(channels_last)
+    model = NormNet().double()
+    model.load_state_dict(state)
+    return train_norm_net(model, batches, lambda t: t)
+
+
+def sync_batchnorm(rank: int, world: int, channels_last: bool) -> dict[str, Any]:
+    """SyncBatchNorm under DDP, each rank on its part of every global batch."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    state, batches = norm_batches(channels_last)
+    model = NormNet().double()
+    model.load_state_dict(state)
+    model = nn.SyncBatchNorm.convert_sync_batchnorm(model).to("relay")
+    wrapped = DistributedDataParallel(model)
+    trained = train_norm_net(wrapped, batches, lambda t: t.chunk(world)[rank].to("relay"))
+    return {
+        "state": {name.removeprefix("module."): t for name, t in trained.items()},
+        "devices": sorted({t.device.type for t in model.state_dict().values()}),
+    }
+
+
 CASES: dict[str, Callable[[int, int], dict[str, Any]]] = {
     "collectives": collectives,
     "stalled-peer": lambda r, w: lost_peer(r, w, dies=False),
@@ -409,6 +480,8 @@ CASES: dict[str, Callable[[int, int], dict[str, Any]]] = {
     "fsdp1": fsdp1,
     "fsdp2": fsdp2,
     "dtensor-random": dtensor_random,
+    "sync-batchnorm": lambda r, w: sync_batchnorm(r, w, channels_last=False),
+    "sync-batchnorm-channels-last": lambda r, w: sync_batchnorm(r, w, channels_last=True),
     **{
         f"ddp-{variant}": (lambda v: lambda r, w: ddp(r, w, v))(variant) for variant in DDP_VARIANTS
     },

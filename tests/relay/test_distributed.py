@@ -18,7 +18,13 @@ from typing import Any
 import pytest
 import torch
 import torch.multiprocessing as mp
-from distributed_cases import DDP_VARIANTS, TIMEOUT_S, reference_training, run_rank
+from distributed_cases import (
+    DDP_VARIANTS,
+    TIMEOUT_S,
+    norm_reference,
+    reference_training,
+    run_rank,
+)
 
 import torch_fallback.distributed
 
@@ -140,6 +146,28 @@ def test_fsdp_trains_as_one_process_over_the_global_batch(setup, case, tmp_path)
                 rtol=1e-10,
                 atol=1e-12,
                 msg=lambda m, n=name, r=rank, c=case: f"rank {r}, {c}, {n}: {m}",
+            )
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels-last"])
+@pytest.mark.parametrize("setup", ENGINES)
+def test_sync_batchnorm_trains_as_batchnorm_over_the_global_batch(setup, layout, tmp_path):
+    # Across ranks SyncBatchNorm runs CUDA-only ops (batch_norm_stats, the gathered
+    # statistics, the elementwise forward and backward); the CPU target decomposes them.
+    channels_last = layout == "channels-last"
+    case = "sync-batchnorm-channels-last" if channels_last else "sync-batchnorm"
+    expected = norm_reference(channels_last)
+    assert "norm.running_var" in expected and "norm.num_batches_tracked" in expected
+    for rank, result in enumerate(spawn(case, setup, tmp_path)):
+        assert result["devices"] == ["relay"]
+        assert result["state"].keys() == expected.keys()
+        for name, reference in expected.items():
+            torch.testing.assert_close(
+                result["state"][name],
+                reference,
+                rtol=1e-10,
+                atol=1e-12,
+                msg=lambda m, n=name, r=rank: f"rank {r}, {layout}, {n}: {m}",
             )
 
 

@@ -657,7 +657,8 @@ class FallbackCall {
                                                             original.storage_offset());
       original.copy_(written);
     } else if (written.sizes() != original.sizes() && !written.is_contiguous() &&
-               written.dtype() == original.dtype()) {
+               written.dtype() == original.dtype() &&
+               written.storage().nbytes() % written.dtype().itemsize() == 0) {
       // A view into a buffer of the kernel's (linalg_lstsq's solution, a slice of a
       // column-major one): the backend's tensor views a copy of the whole buffer,
       // with the same geometry, as eager's views the buffer itself.

@@ -4,6 +4,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 namespace torch_fallback {
 namespace {
@@ -131,6 +133,166 @@ void gru_cell_backward(const c10::OperatorHandle&, Stack* stack) {
                    computed_as(grad_hy * ig, stored), grad_input_bias, grad_hidden_bias);
 }
 
+// SyncBatchNorm's ops (torch.nn.modules._functions.SyncBatchNorm), which it runs
+// for CUDA and PrivateUse1 tensors. As CUDA's kernels: statistics per channel
+// (dimension 1) in the accumulation type (float for half and bfloat16), mean and
+// invstd in that type, results of the input's dtype.
+
+// The channel dimension's values of a per-channel tensor, broadcast against `like`.
+at::Tensor per_channel(const at::Tensor& values, const at::Tensor& like) {
+  std::vector<int64_t> shape(static_cast<size_t>(like.dim()), 1);
+  shape[1] = values.numel();
+  return values.view(shape);
+}
+
+std::vector<int64_t> all_but_channels(const at::Tensor& tensor) {
+  std::vector<int64_t> dims{0};
+  for (int64_t dim = 2; dim < tensor.dim(); ++dim) dims.push_back(dim);
+  return dims;
+}
+
+// 1 / sqrt(var + eps), and 0 where both are 0 (CUDA's InvStd).
+at::Tensor inverse_std(const at::Tensor& var, double eps) {
+  const at::Tensor invstd = (var + eps).rsqrt();
+  return eps == 0 ? at::where(var == 0, at::zeros_like(invstd), invstd) : invstd;
+}
+
+// batch_norm_stats(input, eps) -> (mean, invstd), the variance biased.
+void batch_norm_stats(const c10::OperatorHandle&, Stack* stack) {
+  auto args = torch::jit::pop(*stack, 2);
+  const at::Tensor stored = args[0].toTensor();
+  const at::Tensor input = computed_as(stored, compute_type(stored.scalar_type()));
+  const auto dims = all_but_channels(input);
+  const at::Tensor mean = input.mean(dims);
+  const at::Tensor var = (input - per_channel(mean, input)).square().mean(dims);
+  torch::jit::push(*stack, mean, inverse_std(var, args[1].toDouble()));
+}
+
+// Running statistics updated in place, as CUDA's kernels update them (the schema
+// does not say so: op_rules' hidden mutations).
+void update_running_stats(const at::Tensor& running_mean, const at::Tensor& running_var,
+                          const at::Tensor& mean, const at::Tensor& unbiased_var,
+                          double momentum) {
+  if (running_mean.defined()) {
+    running_mean.copy_(mean * momentum + running_mean.to(mean.scalar_type()) * (1 - momentum));
+  }
+  if (running_var.defined()) {
+    running_var.copy_(unbiased_var * momentum +
+                      running_var.to(unbiased_var.scalar_type()) * (1 - momentum));
+  }
+}
+
+// The ranks' statistics combined one rank after another, as CUDA's
+// batch_norm_reduce_statistics_kernel combines them: (mean, invstd) of all.
+std::pair<at::Tensor, at::Tensor> gather_stats(const at::Tensor& means, const at::Tensor& invstds,
+                                               const at::Tensor& counts,
+                                               const at::Tensor& running_mean,
+                                               const at::Tensor& running_var, double momentum,
+                                               double eps) {
+  const c10::ScalarType type = compute_type(means.scalar_type());
+  const at::Tensor mean_rows = computed_as(means, type);
+  const at::Tensor invstd_rows = computed_as(invstds, type);
+  const at::Tensor count_of = computed_as(counts, type);
+  at::Tensor avg = at::zeros({mean_rows.size(1)}, mean_rows.options());
+  at::Tensor var_n = at::zeros_like(avg);
+  at::Tensor n = at::zeros({}, count_of.options());
+  for (int64_t rank = 0; rank < mean_rows.size(0); ++rank) {
+    const at::Tensor count = count_of[rank];
+    const at::Tensor m = mean_rows[rank];
+    const at::Tensor std = invstd_rows[rank].reciprocal();
+    const at::Tensor v = (std * std - eps) * count;
+    const at::Tensor factor = (n + count).reciprocal();
+    var_n = var_n + (v + (avg - m) * (avg - m) * n * count * factor);
+    avg = n * factor * avg + count * factor * m;
+    n = n + count;
+  }
+  update_running_stats(running_mean, running_var, avg, var_n / (n - 1), momentum);
+  return {avg, (var_n / n + eps).rsqrt()};
+}
+
+// batch_norm_gather_stats_with_counts(input, mean, invstd, running_mean?, running_var?,
+//   momentum, eps, counts) -> (mean, invstd)
+void batch_norm_gather_stats_with_counts(const c10::OperatorHandle&, Stack* stack) {
+  auto args = torch::jit::pop(*stack, 8);
+  auto [mean, invstd] =
+      gather_stats(args[1].toTensor(), args[2].toTensor(), args[7].toTensor(),
+                   optional_tensor(args[3]), optional_tensor(args[4]), args[5].toDouble(),
+                   args[6].toDouble());
+  torch::jit::push(*stack, mean, invstd);
+}
+
+// batch_norm_gather_stats(input, mean, invstd, running_mean?, running_var?, momentum, eps,
+//   count): every rank with the same count.
+void batch_norm_gather_stats(const c10::OperatorHandle&, Stack* stack) {
+  auto args = torch::jit::pop(*stack, 8);
+  const at::Tensor means = args[1].toTensor();
+  const at::Tensor counts = at::full({means.size(0)}, args[7].toInt(), means.options());
+  auto [mean, invstd] =
+      gather_stats(means, args[2].toTensor(), counts, optional_tensor(args[3]),
+                   optional_tensor(args[4]), args[5].toDouble(), args[6].toDouble());
+  torch::jit::push(*stack, mean, invstd);
+}
+
+// batch_norm_elemt(input, weight?, bias?, mean, invstd, eps)
+//   -> (input - mean) * invstd * weight + bias
+void batch_norm_elemt(const c10::OperatorHandle&, Stack* stack) {
+  auto args = torch::jit::pop(*stack, 6);
+  const at::Tensor stored = args[0].toTensor();
+  const c10::ScalarType type = compute_type(stored.scalar_type());
+  const at::Tensor input = computed_as(stored, type);
+  const auto channel = [&](size_t i) {
+    return per_channel(computed_as(optional_tensor(args[i]), type), input);
+  };
+  at::Tensor out = (input - channel(3)) * channel(4);
+  if (!args[1].isNone()) out = out * channel(1);
+  if (!args[2].isNone()) out = out + channel(2);
+  torch::jit::push(*stack, computed_as(out, stored.scalar_type()));
+}
+
+// batch_norm_backward_reduce(grad_out, input, mean, invstd, weight?, input_g, weight_g,
+//   bias_g) -> (sum_dy, sum_dy_xmu, grad_weight, grad_bias), each only where asked for.
+void batch_norm_backward_reduce(const c10::OperatorHandle&, Stack* stack) {
+  auto args = torch::jit::pop(*stack, 8);
+  const at::Tensor mean = args[2].toTensor();
+  const c10::ScalarType type = mean.scalar_type();
+  const at::Tensor grad_out = computed_as(args[0].toTensor(), type);
+  const at::Tensor input = computed_as(args[1].toTensor(), type);
+  const auto dims = all_but_channels(input);
+  const at::Tensor sum_dy = grad_out.sum(dims);
+  const at::Tensor sum_dy_xmu = (grad_out * (input - per_channel(mean, input))).sum(dims);
+  const at::Tensor weight = optional_tensor(args[4]);
+  const c10::ScalarType weight_type = weight.defined() ? weight.scalar_type() : type;
+  const bool input_g = args[5].toBool();
+  const bool weight_g = args[6].toBool();
+  const bool bias_g = args[7].toBool();
+  torch::jit::push(*stack, input_g ? sum_dy : at::Tensor(), input_g ? sum_dy_xmu : at::Tensor(),
+                   weight_g ? (sum_dy_xmu * args[3].toTensor()).to(weight_type) : at::Tensor(),
+                   bias_g ? sum_dy.to(weight_type) : at::Tensor());
+}
+
+// batch_norm_backward_elemt(grad_out, input, mean, invstd, weight?, sum_dy, sum_dy_xmu,
+//   count) -> grad_input, the sums being all ranks' and count their element counts.
+void batch_norm_backward_elemt(const c10::OperatorHandle&, Stack* stack) {
+  auto args = torch::jit::pop(*stack, 8);
+  const at::Tensor stored = args[1].toTensor();
+  const at::Tensor mean = args[2].toTensor();
+  const c10::ScalarType type = mean.scalar_type();
+  const at::Tensor input = computed_as(stored, type);
+  const at::Tensor grad_out = computed_as(args[0].toTensor(), type);
+  const at::Tensor invstd = args[3].toTensor();
+  const at::Tensor norm = args[7].toTensor().sum().to(type).reciprocal();
+  const at::Tensor mean_dy = args[5].toTensor() * norm;
+  const at::Tensor mean_dy_xmu = args[6].toTensor() * norm;
+  const at::Tensor factor_1 = invstd * invstd * mean_dy_xmu;
+  const at::Tensor weight = optional_tensor(args[4]);
+  const at::Tensor factor_2 = weight.defined() ? computed_as(weight, type) * invstd : invstd;
+  const at::Tensor grad_input =
+      (grad_out - per_channel(mean_dy, input) -
+       (input - per_channel(mean, input)) * per_channel(factor_1, input)) *
+      per_channel(factor_2, input);
+  torch::jit::push(*stack, computed_as(grad_input, stored.scalar_type()));
+}
+
 // histc(self, bins, min, max) and histc.out(..., out): CUDA's kernel counts
 // integer tensors too (Hugging Face's MoE layers count expert indices with it on
 // any device but the CPU), the CPU's floating ones only. Counted in double,
@@ -173,6 +335,12 @@ Decomposition cpu_decomposition(const std::string& full_name) {
       {"aten::_thnn_fused_lstm_cell_backward_impl", &lstm_cell_backward},
       {"aten::_thnn_fused_gru_cell", &gru_cell},
       {"aten::_thnn_fused_gru_cell_backward", &gru_cell_backward},
+      {"aten::batch_norm_stats", &batch_norm_stats},
+      {"aten::batch_norm_gather_stats", &batch_norm_gather_stats},
+      {"aten::batch_norm_gather_stats_with_counts", &batch_norm_gather_stats_with_counts},
+      {"aten::batch_norm_elemt", &batch_norm_elemt},
+      {"aten::batch_norm_backward_reduce", &batch_norm_backward_reduce},
+      {"aten::batch_norm_backward_elemt", &batch_norm_backward_elemt},
   };
   const auto it = table.find(full_name);
   return it == table.end() ? nullptr : it->second;

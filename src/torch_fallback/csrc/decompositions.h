@@ -3,8 +3,9 @@
 // for every non-CPU device: the fused LSTM and GRU cells, which nn.LSTM,
 // nn.GRU and their cells use for PrivateUse1 tensors. They follow the CUDA
 // kernels exactly, workspace layout included, so that a forward on one
-// target and a backward on the other agree. And CPU runs of ops whose CUDA
-// kernels take dtypes the CPU's do not.
+// target and a backward on the other agree. SyncBatchNorm's statistics and
+// elementwise ops, which it runs for PrivateUse1 tensors in training across
+// ranks. And CPU runs of ops whose CUDA kernels take dtypes the CPU's do not.
 #include <ATen/core/stack.h>
 
 #include <string>

@@ -247,6 +247,29 @@ class Call {
   Tensors views_;
 };
 
+// The whole tensor of an all_gather_into_tensor or a reduce_scatter_tensor, of
+// `world` ranks' parts, as the ranks' parts one after another along dimension 0.
+// NCCL reads it as a flat buffer, whatever its shape: SyncBatchNorm gathers into a
+// (1, world * n) one on every engine it does not know as gloo. Gloo splits it along
+// dimension 0 instead; given so, both engines read it alike.
+at::Tensor as_parts_along_rows(const at::Tensor& whole, const at::Tensor& part, int world) {
+  if (!whole.is_contiguous() || whole.numel() != part.numel() * world) return whole;
+  std::vector<int64_t> shape = part.sizes().vec();
+  if (shape.empty()) shape.push_back(1);
+  shape[0] *= world;
+  return whole.view(shape);
+}
+
+Tensors as_parts_along_rows(const Tensors& wholes, const Tensors& parts, int world) {
+  if (wholes.size() != parts.size()) return wholes;
+  Tensors result;
+  result.reserve(wholes.size());
+  for (size_t i = 0; i < wholes.size(); ++i) {
+    result.push_back(as_parts_along_rows(wholes[i], parts[i], world));
+  }
+  return result;
+}
+
 Tensors flat(const TensorLists& lists) {
   Tensors result;
   for (const auto& list : lists) result.insert(result.end(), list.begin(), list.end());
@@ -308,8 +331,8 @@ WorkPtr HomeBackend::allgather(TensorLists& outputs, Tensors& inputs,
 WorkPtr HomeBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                      const c10d::AllgatherOptions& opts) {
   Call call(*this, "all_gather_into_tensor");
-  at::Tensor output_view = call.view(output);
   at::Tensor input_view = call.view(input);
+  at::Tensor output_view = as_parts_along_rows(call.view(output), input_view, getSize());
   return call.done(call.engine()._allgather_base(output_view, input_view, opts), {output});
 }
 
@@ -325,8 +348,8 @@ WorkPtr HomeBackend::allgather_coalesced(TensorLists& outputs, Tensors& inputs,
 WorkPtr HomeBackend::allgather_into_tensor_coalesced(Tensors& outputs, Tensors& inputs,
                                                      const c10d::AllgatherOptions& opts) {
   Call call(*this, "all_gather_into_tensor_coalesced");
-  Tensors output_views = call.views(outputs);
   Tensors input_views = call.views(inputs);
+  Tensors output_views = as_parts_along_rows(call.views(outputs), input_views, getSize());
   return call.done(
       call.engine().allgather_into_tensor_coalesced(output_views, input_views, opts), outputs);
 }
@@ -359,7 +382,7 @@ WorkPtr HomeBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                           const c10d::ReduceScatterOptions& opts) {
   Call call(*this, "reduce_scatter_tensor");
   at::Tensor output_view = call.view(output);
-  at::Tensor input_view = call.view(input);
+  at::Tensor input_view = as_parts_along_rows(call.view(input), output_view, getSize());
   return call.done(call.engine()._reduce_scatter_base(output_view, input_view, opts), {output});
 }
 
@@ -367,7 +390,7 @@ WorkPtr HomeBackend::reduce_scatter_tensor_coalesced(Tensors& outputs, Tensors& 
                                                      const c10d::ReduceScatterOptions& opts) {
   Call call(*this, "reduce_scatter_tensor_coalesced");
   Tensors output_views = call.views(outputs);
-  Tensors input_views = call.views(inputs);
+  Tensors input_views = as_parts_along_rows(call.views(inputs), output_views, getSize());
   return call.done(
       call.engine().reduce_scatter_tensor_coalesced(output_views, input_views, opts), outputs);
 }

@@ -20,6 +20,10 @@ const std::unordered_map<std::string, std::vector<std::string>>& hidden_mutation
       {"aten::native_batch_norm", {"running_mean", "running_var"}},
       {"aten::cudnn_batch_norm", {"running_mean", "running_var"}},
       {"aten::miopen_batch_norm", {"running_mean", "running_var"}},
+      // SyncBatchNorm's: the ranks' statistics combined, the running ones updated.
+      {"aten::batch_norm_gather_stats", {"running_mean", "running_var"}},
+      {"aten::batch_norm_gather_stats_with_counts", {"running_mean", "running_var"}},
+      {"aten::batch_norm_update_stats", {"running_mean", "running_var"}},
       {"aten::_cudnn_rnn", {"dropout_state"}},
       {"aten::rrelu_with_noise", {"noise"}},
   };
