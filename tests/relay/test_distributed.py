@@ -85,6 +85,17 @@ def spawn(case: str, setup: tuple[str, str, int], tmp_path: Path, backend: str |
     return results
 
 
+def assert_trained_as(
+    got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], label: str, **tolerance
+) -> None:
+    """Each of a rank's trained tensors equals one process's (float64: 1e-10 by default)."""
+    tolerance = tolerance or {"rtol": 1e-10, "atol": 1e-12}
+    for name, reference in expected.items():
+        torch.testing.assert_close(
+            got[name], reference, **tolerance, msg=lambda m, n=name: f"{label}, {n}: {m}"
+        )
+
+
 @pytest.mark.parametrize("setup", ENGINES)
 def test_every_collective_matches_its_definition(setup, tmp_path):
     for rank, result in enumerate(spawn("collectives", setup, tmp_path)):
@@ -120,17 +131,11 @@ def test_ddp_trains_as_one_process_over_the_global_batch(setup, variant, tmp_pat
         return
     results = spawn(f"ddp-{variant}", setup, tmp_path)
     expected = reference_training(variant)
-    tolerance = TOLERANCE.get(variant, {"rtol": 1e-10, "atol": 1e-12})
+    tolerance = TOLERANCE.get(variant, {})
     for rank, result in enumerate(results):
         assert result["devices"] == ["relay"] and result["grad_devices"] == ["relay"]
         assert result["forward_time_ns"] > 0, "DDP recorded no runtime statistics"
-        for name, reference in expected.items():
-            torch.testing.assert_close(
-                result["parameters"][name],
-                reference,
-                **tolerance,
-                msg=lambda m, n=name, r=rank: f"rank {r}, {variant}, {n}: {m}",
-            )
+        assert_trained_as(result["parameters"], expected, f"rank {rank}, {variant}", **tolerance)
 
 
 @pytest.mark.parametrize("case", ["fsdp1", "fsdp2"])
@@ -139,14 +144,7 @@ def test_fsdp_trains_as_one_process_over_the_global_batch(setup, case, tmp_path)
     expected = reference_training("default")
     for rank, result in enumerate(spawn(case, setup, tmp_path)):
         assert result["devices"] == ["relay"]
-        for name, reference in expected.items():
-            torch.testing.assert_close(
-                result["parameters"][name],
-                reference,
-                rtol=1e-10,
-                atol=1e-12,
-                msg=lambda m, n=name, r=rank, c=case: f"rank {r}, {c}, {n}: {m}",
-            )
+        assert_trained_as(result["parameters"], expected, f"rank {rank}, {case}")
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "channels-last"])
@@ -161,14 +159,7 @@ def test_sync_batchnorm_trains_as_batchnorm_over_the_global_batch(setup, layout,
     for rank, result in enumerate(spawn(case, setup, tmp_path)):
         assert result["devices"] == ["relay"]
         assert result["state"].keys() == expected.keys()
-        for name, reference in expected.items():
-            torch.testing.assert_close(
-                result["state"][name],
-                reference,
-                rtol=1e-10,
-                atol=1e-12,
-                msg=lambda m, n=name, r=rank: f"rank {r}, {layout}, {n}: {m}",
-            )
+        assert_trained_as(result["state"], expected, f"rank {rank}, {layout}")
 
 
 @pytest.mark.parametrize("setup", ENGINES)
