@@ -163,6 +163,76 @@ def test_a_result_viewing_a_buffer_of_the_kernels_keeps_eagers_layout(placement,
     assert outs[0].stride() == expected.stride()
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+def test_sync_batchnorms_ops_compute_as_cudas_kernels(placement, dtype):
+    # SyncBatchNorm's CUDA-only ops, against their definitions in float64: statistics in
+    # float for half and bfloat16 (CUDA's accumulation type), results in the input's dtype.
+    x = torch.randn(4, 3, 5, 5).to(dtype)
+    stats_type = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+    tolerance = {"rtol": 1e-2, "atol": 1e-2} if stats_type != dtype else {}
+    exact, eps = x.double(), 1e-5
+    mean, var = exact.mean((0, 2, 3)), exact.var((0, 2, 3), unbiased=False)
+    invstd = (var + eps).rsqrt()
+
+    # Statistics in float32 differ from float64's by float32 rounding.
+    stats_tolerance = {} if stats_type == torch.float64 else {"rtol": 1e-5, "atol": 1e-6}
+
+    def check(actual, expected, dtype_expected, **tol):
+        assert actual.device.type == "relay" and actual.dtype == dtype_expected
+        torch.testing.assert_close(actual.cpu().double(), expected, **(tol or stats_tolerance))
+
+    got_mean, got_invstd = torch.batch_norm_stats(relay(x), eps)
+    check(got_mean, mean, stats_type)
+    check(got_invstd, invstd, stats_type)
+
+    # Two ranks' statistics (the halves of the batch), combined; running statistics updated.
+    halves = [torch.batch_norm_stats(relay(half), eps) for half in x.chunk(2)]
+    running_mean, running_var = (
+        relay(torch.zeros(3, dtype=dtype)),
+        relay(torch.ones(3, dtype=dtype)),
+    )
+    gathered = torch.batch_norm_gather_stats_with_counts(
+        relay(x), torch.stack([m for m, _ in halves]), torch.stack([i for _, i in halves]),
+        running_mean, running_var, 0.1, eps, relay(torch.tensor([50.0, 50.0], dtype=stats_type)),
+    )  # fmt: skip
+    check(gathered[0], mean, stats_type)
+    check(gathered[1], invstd, stats_type)
+    check(running_mean, 0.1 * mean, dtype, **tolerance)
+    unbiased = exact.var((0, 2, 3), unbiased=True)
+    check(running_var, 0.9 + 0.1 * unbiased, dtype, **tolerance)
+
+    weight, bias = torch.randn(3).to(dtype), torch.randn(3).to(dtype)
+    shaped = lambda t: t.view(1, 3, 1, 1)  # noqa: E731
+    normalized = (exact - shaped(mean)) * shaped(invstd)
+    out = torch.batch_norm_elemt(relay(x), relay(weight), relay(bias), got_mean, got_invstd, eps)
+    check(out, normalized * shaped(weight.double()) + shaped(bias.double()), dtype, **tolerance)
+
+    grad = torch.randn(4, 3, 5, 5).to(dtype)
+    sum_dy, sum_dy_xmu, grad_weight, grad_bias = torch.batch_norm_backward_reduce(
+        relay(grad), relay(x), got_mean, got_invstd, relay(weight), True, True, True
+    )
+    exact_grad = grad.double()
+    expected_sum_dy = exact_grad.sum((0, 2, 3))
+    expected_sum_dy_xmu = (exact_grad * (exact - shaped(mean))).sum((0, 2, 3))
+    check(sum_dy, expected_sum_dy, stats_type, rtol=1e-4, atol=1e-4)
+    check(sum_dy_xmu, expected_sum_dy_xmu, stats_type, rtol=1e-4, atol=1e-4)
+    check(grad_weight, expected_sum_dy_xmu * invstd, dtype, **tolerance)
+    check(grad_bias, expected_sum_dy, dtype, **tolerance)
+
+    grad_input = torch.batch_norm_backward_elemt(
+        relay(grad), relay(x), got_mean, got_invstd, relay(weight).to(stats_type), sum_dy,
+        sum_dy_xmu, relay(torch.tensor([50, 50], dtype=torch.int32)),
+    )  # fmt: skip
+    # BatchNorm's input gradient over the whole batch (100 values per channel).
+    expected = (
+        exact_grad - shaped(expected_sum_dy) / 100
+        - (exact - shaped(mean)) * shaped(invstd**2 * expected_sum_dy_xmu / 100)
+    ) * shaped(weight.double() * invstd)  # fmt: skip
+    check(grad_input, expected, dtype, **(tolerance or {"rtol": 1e-4, "atol": 1e-4}))
+    for op in ("batch_norm_stats", "batch_norm_elemt", "batch_norm_backward_reduce"):
+        assert_fell_back(f"aten::{op}", placement.target)
+
+
 def test_op_with_several_outputs_written_in_place(placement):
     x = torch.randn(4, 6)
     values, indices = relay(torch.empty(0)), relay(torch.empty(0, dtype=torch.long))

@@ -268,13 +268,17 @@ def ddp(rank: int, world: int, variant: str) -> dict[str, Any]:
 
 
 def train_on_my_shard(
-    model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], rank: int, world: int
+    model: nn.Module,
+    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    rank: int,
+    world: int,
+    device: str = "relay",
 ) -> None:
     """SGD steps of a sharded model, each rank on its part of every global batch."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     for x, y in batches:
         optimizer.zero_grad()
-        mine_x, mine_y = x.chunk(world)[rank].to("relay"), y.chunk(world)[rank].to("relay")
+        mine_x, mine_y = x.chunk(world)[rank].to(device), y.chunk(world)[rank].to(device)
         nn.functional.mse_loss(model(mine_x), mine_y).backward()
         optimizer.step()
 
@@ -439,12 +443,7 @@ def norm_batches(channels_last: bool) -> tuple[dict[str, torch.Tensor], list]:
     return state, batches
 
 
-def train_norm_net(model: nn.Module, batches: list, shard: Callable) -> dict[str, torch.Tensor]:
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    for x, y in batches:
-        optimizer.zero_grad()
-        nn.functional.mse_loss(model(shard(x)), shard(y)).backward()
-        optimizer.step()
+def state_on_cpu(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: t.detach().cpu() for name, t in model.state_dict().items()}
 
 
@@ -453,7 +452,8 @@ def norm_reference(channels_last: bool) -> dict[str, torch.Tensor]:
     state, batches = norm_batches(channels_last)
     model = NormNet().double()
     model.load_state_dict(state)
-    return train_norm_net(model, batches, lambda t: t)
+    train_on_my_shard(model, batches, rank=0, world=1, device="cpu")
+    return state_on_cpu(model)
 
 
 def sync_batchnorm(rank: int, world: int, channels_last: bool) -> dict[str, Any]:
@@ -464,10 +464,9 @@ def sync_batchnorm(rank: int, world: int, channels_last: bool) -> dict[str, Any]
     model = NormNet().double()
     model.load_state_dict(state)
     model = nn.SyncBatchNorm.convert_sync_batchnorm(model).to("relay")
-    wrapped = DistributedDataParallel(model)
-    trained = train_norm_net(wrapped, batches, lambda t: t.chunk(world)[rank].to("relay"))
+    train_on_my_shard(DistributedDataParallel(model), batches, rank, world)
     return {
-        "state": {name.removeprefix("module."): t for name, t in trained.items()},
+        "state": state_on_cpu(model),
         "devices": sorted({t.device.type for t in model.state_dict().values()}),
     }
 

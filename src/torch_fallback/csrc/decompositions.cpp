@@ -199,8 +199,8 @@ std::pair<at::Tensor, at::Tensor> gather_stats(const at::Tensor& means, const at
   for (int64_t rank = 0; rank < mean_rows.size(0); ++rank) {
     const at::Tensor count = count_of[rank];
     const at::Tensor m = mean_rows[rank];
-    const at::Tensor std = invstd_rows[rank].reciprocal();
-    const at::Tensor v = (std * std - eps) * count;
+    const at::Tensor stddev = invstd_rows[rank].reciprocal();
+    const at::Tensor v = (stddev * stddev - eps) * count;
     const at::Tensor factor = (n + count).reciprocal();
     var_n = var_n + (v + (avg - m) * (avg - m) * n * count * factor);
     avg = n * factor * avg + count * factor * m;
