@@ -191,9 +191,20 @@ def test_sync_batchnorms_ops_compute_as_cudas_kernels(placement, dtype):
         relay(torch.zeros(3, dtype=dtype)),
         relay(torch.ones(3, dtype=dtype)),
     )
+    means, invstds = torch.stack([m for m, _ in halves]), torch.stack([i for _, i in halves])
+    # Counts in the running statistics' dtype, as SyncBatchNorm gives them; CUDA's kernel
+    # refuses another, and so does every target.
+    other_type = torch.float64 if dtype == torch.float32 else torch.float32
+    c10_name = {torch.float64: "Double", torch.float32: "Float", torch.bfloat16: "BFloat16"}
+    expected_type = c10_name.get(dtype, "Half")
+    with pytest.raises(RuntimeError, match=f"Expected counts to have type {expected_type} but"):
+        torch.batch_norm_gather_stats_with_counts(
+            relay(x), means, invstds, running_mean, running_var, 0.1, eps,
+            relay(torch.tensor([50.0, 50.0], dtype=other_type)),
+        )  # fmt: skip
     gathered = torch.batch_norm_gather_stats_with_counts(
-        relay(x), torch.stack([m for m, _ in halves]), torch.stack([i for _, i in halves]),
-        running_mean, running_var, 0.1, eps, relay(torch.tensor([50.0, 50.0], dtype=stats_type)),
+        relay(x), means, invstds, running_mean, running_var, 0.1, eps,
+        relay(torch.tensor([50.0, 50.0], dtype=dtype)),
     )  # fmt: skip
     check(gathered[0], mean, stats_type)
     check(gathered[1], invstd, stats_type)

@@ -182,6 +182,19 @@ void update_running_stats(const at::Tensor& running_mean, const at::Tensor& runn
   }
 }
 
+// CUDA's gather kernels read every tensor as its template types, and refuse another
+// (get_packed_accessor's words): counts and running statistics as the running
+// statistics' type (the input's where there are none), means and invstds as its
+// accumulation type.
+void expect_type(const at::Tensor& tensor, const char* name, c10::ScalarType type) {
+  TORCH_CHECK(!tensor.defined() || tensor.scalar_type() == type, "Expected ", name,
+              " to have type ", type, " but got ", tensor.scalar_type());
+}
+
+c10::ScalarType gather_type(const at::Tensor& input, const at::Tensor& running_mean) {
+  return running_mean.defined() ? running_mean.scalar_type() : input.scalar_type();
+}
+
 // The ranks' statistics combined one rank after another, as CUDA's
 // batch_norm_reduce_statistics_kernel combines them: (mean, invstd) of all.
 std::pair<at::Tensor, at::Tensor> gather_stats(const at::Tensor& means, const at::Tensor& invstds,
@@ -189,7 +202,12 @@ std::pair<at::Tensor, at::Tensor> gather_stats(const at::Tensor& means, const at
                                                const at::Tensor& running_mean,
                                                const at::Tensor& running_var, double momentum,
                                                double eps) {
-  const c10::ScalarType type = compute_type(means.scalar_type());
+  const c10::ScalarType stored = counts.scalar_type();
+  const c10::ScalarType type = compute_type(stored);
+  expect_type(means, "mean", type);
+  expect_type(invstds, "invstd", type);
+  expect_type(running_mean, "running_mean", stored);
+  expect_type(running_var, "running_var", stored);
   const at::Tensor mean_rows = computed_as(means, type);
   const at::Tensor invstd_rows = computed_as(invstds, type);
   const at::Tensor count_of = computed_as(counts, type);
@@ -214,10 +232,11 @@ std::pair<at::Tensor, at::Tensor> gather_stats(const at::Tensor& means, const at
 //   momentum, eps, counts) -> (mean, invstd)
 void batch_norm_gather_stats_with_counts(const c10::OperatorHandle&, Stack* stack) {
   auto args = torch::jit::pop(*stack, 8);
+  const at::Tensor counts = args[7].toTensor();
+  expect_type(counts, "counts", gather_type(args[0].toTensor(), optional_tensor(args[3])));
   auto [mean, invstd] =
-      gather_stats(args[1].toTensor(), args[2].toTensor(), args[7].toTensor(),
-                   optional_tensor(args[3]), optional_tensor(args[4]), args[5].toDouble(),
-                   args[6].toDouble());
+      gather_stats(args[1].toTensor(), args[2].toTensor(), counts, optional_tensor(args[3]),
+                   optional_tensor(args[4]), args[5].toDouble(), args[6].toDouble());
   torch::jit::push(*stack, mean, invstd);
 }
 
@@ -226,7 +245,8 @@ void batch_norm_gather_stats_with_counts(const c10::OperatorHandle&, Stack* stac
 void batch_norm_gather_stats(const c10::OperatorHandle&, Stack* stack) {
   auto args = torch::jit::pop(*stack, 8);
   const at::Tensor means = args[1].toTensor();
-  const at::Tensor counts = at::full({means.size(0)}, args[7].toInt(), means.options());
+  const c10::ScalarType type = gather_type(args[0].toTensor(), optional_tensor(args[3]));
+  const at::Tensor counts = at::full({means.size(0)}, args[7].toInt(), means.options().dtype(type));
   auto [mean, invstd] =
       gather_stats(means, args[2].toTensor(), counts, optional_tensor(args[3]),
                    optional_tensor(args[4]), args[5].toDouble(), args[6].toDouble());
