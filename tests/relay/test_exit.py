@@ -74,6 +74,46 @@ SCRIPTS = {
     ),
 }
 
+# Scripts that turn autograd's multithreading off (per thread), after or beside a
+# backward on relay's device thread: relay's drain at exit must still go through the
+# device thread. Forked children do not show their abort, so these run in fresh
+# interpreters.
+CALLING_THREAD_SCRIPTS = {
+    # Turned off on the exiting thread after a backward ran on the device thread.
+    "calling_thread_after": (
+        """
+        import torch
+        import torch_fallback.relay
+
+        x = torch.ones(2, device="relay", requires_grad=True)
+        (x * 4).sum().backward()
+        torch.autograd.set_multithreading_enabled(False)
+        print(x.grad)
+        """,
+        "tensor([4., 4.], device='relay:0')",
+    ),
+    # The calling-thread advice for the main thread, with a worker thread's backward
+    # (multithreading is per thread) on the device thread.
+    "calling_thread_worker": (
+        """
+        import threading
+
+        import torch
+        import torch_fallback.relay
+
+        torch.autograd.set_multithreading_enabled(False)
+        x = torch.ones(2, device="relay", requires_grad=True)
+        worker = threading.Thread(target=lambda: (x * 5).sum().backward())
+        worker.start()
+        worker.join()
+        print(x.grad)
+        """,
+        "tensor([5., 5.], device='relay:0')",
+    ),
+}
+FRESH_RUNS = 10
+FRESH_PARALLEL = 2  # more at once abort less often
+
 # Proves the launcher sees an abort during interpreter finalization.
 CONTROL = (
     """
@@ -193,4 +233,37 @@ def test_relay_backward_scripts_always_exit_cleanly(placement, tmp_path):
     assert not failures, (
         f"{len(failures)}/{RUNS} relay-backward scripts ({placement}) failed "
         f"({len(failures) / RUNS:.0%}; by variant {per_variant}):\n" + "\n".join(failures[:10])
+    )
+
+
+@pytest.mark.parametrize("name", CALLING_THREAD_SCRIPTS)
+def test_scripts_that_turn_multithreading_off_exit_cleanly(placement, name, tmp_path):
+    code, expected = CALLING_THREAD_SCRIPTS[name]
+    script = tmp_path / f"{name}.py"
+    script.write_text(textwrap.dedent(code))
+    env = {
+        **os.environ,
+        "TORCH_FALLBACK_TARGET": placement.target,
+        "TORCH_FALLBACK_RELAY_HOME": placement.home,
+    }
+
+    def run_once() -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, str(script)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+        )
+
+    failures = []
+    for _ in range(FRESH_RUNS // FRESH_PARALLEL):
+        for run in [run_once() for _ in range(FRESH_PARALLEL)]:
+            stdout, stderr = run.communicate(timeout=TIMEOUT_S)
+            if run.returncode != 0 or stdout.strip() != expected:
+                tail = " | ".join(stderr.splitlines()[-3:])
+                failures.append(f"{_describe(run.returncode)}, stdout {stdout.strip()!r}: {tail!r}")
+    assert not failures, f"{len(failures)}/{FRESH_RUNS} runs of {name} failed:\n" + "\n".join(
+        failures
     )

@@ -373,12 +373,18 @@ void finish_autograd_work() {
   // device, no device thread holds a user's graph (or the Python objects in
   // it) any more. This backward's graph holds no Python object.
   const at::AutoGradMode grad_mode(true);
+  // Multithreading is per thread: off on the exiting thread, the drain would run
+  // there and leave the device threads' last graphs alive.
+  c10::AutogradState& state = c10::AutogradState::get_tls_state();
+  const bool multithreading = state.get_multithreading_enabled();
+  state.set_multithreading_enabled(true);
   for (c10::DeviceIndex index = 0; index < device_count(); ++index) {
     const c10::Device device(c10::DeviceType::PrivateUse1, index);
     const c10::DeviceGuard guard(device);
     at::Tensor leaf = at::zeros({}, at::TensorOptions().device(device)).requires_grad_(true);
     leaf.sum().backward();
   }
+  state.set_multithreading_enabled(multithreading);
 }
 
 }  // namespace torch_fallback::relay
