@@ -227,6 +227,7 @@ DDP_VARIANTS: dict[str, dict[str, Any]] = {
     "fp16_compress_hook": {},
     "bf16_compress_hook": {},
     "no_sync": {},
+    "zero_redundancy_optimizer": {},
 }
 
 
@@ -243,7 +244,14 @@ def ddp(rank: int, world: int, variant: str) -> dict[str, Any]:
     if variant.endswith("compress_hook"):
         hook = getattr(default_hooks, variant)
         wrapped.register_comm_hook(None, hook)
-    optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1, momentum=0.9)
+    if variant == "zero_redundancy_optimizer":  # each rank steps its shard, then broadcasts
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        optimizer = ZeroRedundancyOptimizer(
+            wrapped.parameters(), optimizer_class=torch.optim.SGD, lr=0.1, momentum=0.9
+        )
+    else:
+        optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1, momentum=0.9)
     for x, y in batches:
         mine_x, mine_y = x.chunk(world)[rank].to("relay"), y.chunk(world)[rank].to("relay")
         optimizer.zero_grad()
@@ -471,11 +479,25 @@ def sync_batchnorm(rank: int, world: int, channels_last: bool) -> dict[str, Any]
     }
 
 
+def monitored_barrier(rank: int, world: int) -> dict[str, Any]:
+    """PyTorch refuses monitored_barrier for any backend not named gloo; the documented
+    way round it is a CPU group of its own."""
+    try:
+        dist.monitored_barrier()
+        refusal = None
+    except ValueError as error:
+        refusal = str(error)
+    cpu_group = dist.new_group(backend="gloo")
+    dist.monitored_barrier(group=cpu_group, timeout=datetime.timedelta(seconds=30))
+    return {"refusal": refusal, "passed_cpu_group": True}
+
+
 CASES: dict[str, Callable[[int, int], dict[str, Any]]] = {
     "collectives": collectives,
     "stalled-peer": lambda r, w: lost_peer(r, w, dies=False),
     "dead-peer": lambda r, w: lost_peer(r, w, dies=True),
     "mixed-homes": mixed_homes,
+    "monitored-barrier": monitored_barrier,
     "fsdp1": fsdp1,
     "fsdp2": fsdp2,
     "dtensor-random": dtensor_random,

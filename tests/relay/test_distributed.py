@@ -162,6 +162,12 @@ def test_sync_batchnorm_trains_as_batchnorm_over_the_global_batch(setup, layout,
         assert_trained_as(result["state"], expected, f"rank {rank}, {layout}")
 
 
+def test_monitored_barrier_is_refused_as_pytorch_refuses_it_and_runs_on_a_cpu_group(tmp_path):
+    for rank, result in enumerate(spawn("monitored-barrier", GLOO.values[0], tmp_path)):
+        assert "only implemented for GLOO" in (result["refusal"] or ""), f"rank {rank}: {result}"
+        assert result["passed_cpu_group"]
+
+
 @pytest.mark.parametrize("setup", ENGINES)
 def test_dtensor_random_ops_keep_ranks_in_step(setup, tmp_path):
     """Each shard draws its own numbers and each replica the same ones, reproducibly
