@@ -162,10 +162,12 @@ def test_sync_batchnorm_trains_as_batchnorm_over_the_global_batch(setup, layout,
         assert_trained_as(result["state"], expected, f"rank {rank}, {layout}")
 
 
-def test_monitored_barrier_is_refused_as_pytorch_refuses_it_and_runs_on_a_cpu_group(tmp_path):
+def test_monitored_barrier_runs_on_gloo_where_pytorch_lets_it_and_on_a_cpu_group(tmp_path):
     for rank, result in enumerate(spawn("monitored-barrier", GLOO.values[0], tmp_path)):
-        assert "only implemented for GLOO" in (result["refusal"] or ""), f"rank {rank}: {result}"
-        assert result["passed_cpu_group"]
+        outcome = result["outcome"]
+        # Some torch versions refuse a group whose backend is not named gloo in Python.
+        assert outcome == "passed" or "only implemented for GLOO" in outcome, f"rank {rank}"
+        assert result["passed_relaycc"] and result["passed_cpu_group"]
 
 
 @pytest.mark.parametrize("setup", ENGINES)

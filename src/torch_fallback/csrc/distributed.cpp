@@ -74,6 +74,7 @@ class HomeBackend : public c10d::Backend {
   WorkPtr recv(Tensors& tensors, int src_rank, int tag) override;
   WorkPtr recvAnysource(Tensors& tensors, int tag) override;
   WorkPtr barrier(const c10d::BarrierOptions& opts) override;
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
   void setSequenceNumberForGroup() override;
   uint64_t getSequenceNumberForGroup() override;
   void setTimeout(std::chrono::milliseconds timeout) override;
@@ -440,6 +441,11 @@ WorkPtr HomeBackend::barrier(const c10d::BarrierOptions& opts) {
   c10d::BarrierOptions cuda_opts = opts;
   cuda_opts.device = std::nullopt;
   return cuda_engine_->barrier(cuda_opts);
+}
+
+void HomeBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
+  // Only gloo monitors a barrier; NCCL's engine says so where there is no gloo.
+  (host_engine_ ? host_engine_ : cuda_engine_)->monitoredBarrier(opts, wait_all_ranks);
 }
 
 void HomeBackend::setSequenceNumberForGroup() {
