@@ -208,6 +208,14 @@ def test_sync_batchnorms_ops_compute_as_cudas_kernels(placement, dtype):
     )  # fmt: skip
     check(gathered[0], mean, stats_type)
     check(gathered[1], invstd, stats_type)
+    # Its sibling with one count for every rank makes its counts in that dtype.
+    running_copies = relay(torch.zeros(3, dtype=dtype)), relay(torch.ones(3, dtype=dtype))
+    same_counts = torch.batch_norm_gather_stats(
+        relay(x), means, invstds, *running_copies, 0.1, eps, 50
+    )
+    for actual, expected in zip(same_counts, gathered, strict=True):
+        torch.testing.assert_close(actual.cpu(), expected.cpu())
+    torch.testing.assert_close(running_copies[1].cpu(), running_var.cpu())
     check(running_mean, 0.1 * mean, dtype, **tolerance)
     unbiased = exact.var((0, 2, 3), unbiased=True)
     check(running_var, 0.9 + 0.1 * unbiased, dtype, **tolerance)

@@ -166,6 +166,15 @@ with open(jobs_file + ".status", "w") as out:
 """
 
 
+def placement_env(placement) -> dict[str, str]:
+    """This environment, with relay's target and home those of `placement`."""
+    return {
+        **os.environ,
+        "TORCH_FALLBACK_TARGET": placement.target,
+        "TORCH_FALLBACK_RELAY_HOME": placement.home,
+    }
+
+
 def _describe(returncode: int) -> str:
     if returncode < 0:
         try:
@@ -191,11 +200,7 @@ def test_relay_backward_scripts_always_exit_cleanly(placement, tmp_path):
     ]
     jobs_file = tmp_path / "jobs.json"
     jobs_file.write_text(json.dumps(jobs))
-    env = {
-        **os.environ,
-        "TORCH_FALLBACK_TARGET": placement.target,
-        "TORCH_FALLBACK_RELAY_HOME": placement.home,
-    }
+    env = placement_env(placement)
     parallel = max(2, min(8, os.cpu_count() or 2))
     launcher = subprocess.run(
         [sys.executable, "-c", LAUNCHER, str(jobs_file), str(parallel)],
@@ -241,11 +246,7 @@ def test_scripts_that_turn_multithreading_off_exit_cleanly(placement, name, tmp_
     code, expected = CALLING_THREAD_SCRIPTS[name]
     script = tmp_path / f"{name}.py"
     script.write_text(textwrap.dedent(code))
-    env = {
-        **os.environ,
-        "TORCH_FALLBACK_TARGET": placement.target,
-        "TORCH_FALLBACK_RELAY_HOME": placement.home,
-    }
+    env = placement_env(placement)
 
     def run_once() -> subprocess.Popen:
         return subprocess.Popen(

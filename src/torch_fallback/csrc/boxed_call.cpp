@@ -664,10 +664,8 @@ class FallbackCall {
       // with the same geometry, as eager's views the buffer itself.
       const int64_t elements = static_cast<int64_t>(written.storage().nbytes() /
                                                     written.dtype().itemsize());
-      const at::Tensor buffer = at::empty({0}, written.options())
-                                    .set_(written.storage(), 0, {elements}, {1});
       at::Tensor copy = at::empty({elements}, original.options());
-      copy.copy_(buffer);
+      copy.copy_(written.as_strided({elements}, {1}, 0));
       original.set_(copy.storage(), written.storage_offset(), written.sizes(), written.strides());
     } else {
       at::_copy_from_and_resize(written, original);

@@ -191,33 +191,30 @@ void expect_type(const at::Tensor& tensor, const char* name, c10::ScalarType typ
               " to have type ", type, " but got ", tensor.scalar_type());
 }
 
-c10::ScalarType gather_type(const at::Tensor& input, const at::Tensor& running_mean) {
-  return running_mean.defined() ? running_mean.scalar_type() : input.scalar_type();
-}
-
 // The ranks' statistics combined one rank after another, as CUDA's
 // batch_norm_reduce_statistics_kernel combines them: (mean, invstd) of all.
-std::pair<at::Tensor, at::Tensor> gather_stats(const at::Tensor& means, const at::Tensor& invstds,
+std::pair<at::Tensor, at::Tensor> gather_stats(const at::Tensor& input, const at::Tensor& means,
+                                               const at::Tensor& invstds,
                                                const at::Tensor& counts,
                                                const at::Tensor& running_mean,
                                                const at::Tensor& running_var, double momentum,
                                                double eps) {
-  const c10::ScalarType stored = counts.scalar_type();
+  const c10::ScalarType stored =
+      running_mean.defined() ? running_mean.scalar_type() : input.scalar_type();
   const c10::ScalarType type = compute_type(stored);
+  expect_type(counts, "counts", stored);
   expect_type(means, "mean", type);
   expect_type(invstds, "invstd", type);
   expect_type(running_mean, "running_mean", stored);
   expect_type(running_var, "running_var", stored);
-  const at::Tensor mean_rows = computed_as(means, type);
-  const at::Tensor invstd_rows = computed_as(invstds, type);
   const at::Tensor count_of = computed_as(counts, type);
-  at::Tensor avg = at::zeros({mean_rows.size(1)}, mean_rows.options());
+  at::Tensor avg = at::zeros({means.size(1)}, means.options());
   at::Tensor var_n = at::zeros_like(avg);
   at::Tensor n = at::zeros({}, count_of.options());
-  for (int64_t rank = 0; rank < mean_rows.size(0); ++rank) {
+  for (int64_t rank = 0; rank < means.size(0); ++rank) {
     const at::Tensor count = count_of[rank];
-    const at::Tensor m = mean_rows[rank];
-    const at::Tensor stddev = invstd_rows[rank].reciprocal();
+    const at::Tensor m = means[rank];
+    const at::Tensor stddev = invstds[rank].reciprocal();
     const at::Tensor v = (stddev * stddev - eps) * count;
     const at::Tensor factor = (n + count).reciprocal();
     var_n = var_n + (v + (avg - m) * (avg - m) * n * count * factor);
@@ -232,24 +229,27 @@ std::pair<at::Tensor, at::Tensor> gather_stats(const at::Tensor& means, const at
 //   momentum, eps, counts) -> (mean, invstd)
 void batch_norm_gather_stats_with_counts(const c10::OperatorHandle&, Stack* stack) {
   auto args = torch::jit::pop(*stack, 8);
-  const at::Tensor counts = args[7].toTensor();
-  expect_type(counts, "counts", gather_type(args[0].toTensor(), optional_tensor(args[3])));
-  auto [mean, invstd] =
-      gather_stats(args[1].toTensor(), args[2].toTensor(), counts, optional_tensor(args[3]),
-                   optional_tensor(args[4]), args[5].toDouble(), args[6].toDouble());
+  auto [mean, invstd] = gather_stats(args[0].toTensor(), args[1].toTensor(), args[2].toTensor(),
+                                     args[7].toTensor(), optional_tensor(args[3]),
+                                     optional_tensor(args[4]), args[5].toDouble(),
+                                     args[6].toDouble());
   torch::jit::push(*stack, mean, invstd);
 }
 
 // batch_norm_gather_stats(input, mean, invstd, running_mean?, running_var?, momentum, eps,
-//   count): every rank with the same count.
+//   count): every rank with the same count, in the type CUDA makes its counts.
 void batch_norm_gather_stats(const c10::OperatorHandle&, Stack* stack) {
   auto args = torch::jit::pop(*stack, 8);
+  const at::Tensor input = args[0].toTensor();
   const at::Tensor means = args[1].toTensor();
-  const c10::ScalarType type = gather_type(args[0].toTensor(), optional_tensor(args[3]));
-  const at::Tensor counts = at::full({means.size(0)}, args[7].toInt(), means.options().dtype(type));
-  auto [mean, invstd] =
-      gather_stats(means, args[2].toTensor(), counts, optional_tensor(args[3]),
-                   optional_tensor(args[4]), args[5].toDouble(), args[6].toDouble());
+  const at::Tensor running_mean = optional_tensor(args[3]);
+  const at::Tensor counts =
+      at::full({means.size(0)}, args[7].toInt(),
+               means.options().dtype(running_mean.defined() ? running_mean.dtype()
+                                                            : input.dtype()));
+  auto [mean, invstd] = gather_stats(input, means, args[2].toTensor(), counts, running_mean,
+                                     optional_tensor(args[4]), args[5].toDouble(),
+                                     args[6].toDouble());
   torch::jit::push(*stack, mean, invstd);
 }
 
