@@ -140,7 +140,8 @@ C10_ALWAYS_INLINE void take_geometry(c10::TensorImpl* impl, const at::Tensor& li
   const c10::TensorImpl& from = *like.unsafeGetTensorImpl();
   // Copied whether or not the impl has it already: a pooled impl rarely has
   // (one time in eight in a model's forward), and comparing costs a third of copying.
-  if (TensorImplAccess::has_plain_geometry(from) && TensorImplAccess::has_plain_geometry(*impl)) {
+  if (C10_LIKELY(TensorImplAccess::has_plain_geometry(from) &&
+                 TensorImplAccess::has_plain_geometry(*impl))) {
     TensorImplAccess::copy_geometry(from, impl);
   } else if (!same_geometry(*impl, from)) {
     impl->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
@@ -317,7 +318,7 @@ class TargetImplPool {
   C10_ALWAYS_INLINE at::Tensor take(c10::Storage storage, c10::Device device,
                                     const at::Tensor& like) {
     auto& parked = device.is_cuda() ? cuda_ : cpu_;
-    if (parked.empty()) return tensor_over(std::move(storage), device, like);
+    if (C10_UNLIKELY(parked.empty())) return tensor_over(std::move(storage), device, like);
     Impl impl = std::move(parked.back());
     parked.pop_back();
     TensorImplAccess::set_storage(impl.get(), std::move(storage), device, like.dtype());

@@ -44,11 +44,17 @@ DirectCall::~DirectCall() {
   if (!started_) return;  // the boxed fallback serves (and counts) the call
   if (pool_ != nullptr) {
     for (at::Tensor& view : views_) pool_->park(std::move(view));
-    for (auto& views : view_lists_) {
-      for (at::Tensor& view : views) pool_->park(std::move(view));
-    }
+    if (C10_UNLIKELY(!view_lists_.empty())) park_list_views();
   }
   record_.record(/*failed=*/!finished_);
+}
+
+// Out of line: most calls take no list, and the loop would sit among the lines
+// every call runs.
+void DirectCall::park_list_views() {
+  for (auto& views : view_lists_) {
+    for (at::Tensor& view : views) pool_->park(std::move(view));
+  }
 }
 
 void DirectCall::offer(const at::Tensor& tensor) {
@@ -157,10 +163,12 @@ at::Tensor DirectCall::view_of(const at::Tensor& tensor) {
   const c10::Storage& backend_storage = storage_of(tensor);
   c10::StorageImpl* home = home_in_call(backend_storage.unsafeGetStorageImpl());
   // The first view of a storage (the common case) holds its home storage for the call.
-  c10::Storage storage =
-      home != nullptr ? storage_ref(home) : home_storage_of(backend_, backend_storage);
-  if (home == nullptr) {
+  c10::Storage storage;
+  if (C10_LIKELY(home == nullptr)) {
+    storage = home_storage_of(backend_, backend_storage);
     homes_.emplace_back(backend_storage.unsafeGetStorageImpl(), storage.unsafeGetStorageImpl());
+  } else {
+    storage = storage_ref(home);
   }
   // One call of the inlined pool path, whichever storage the view gets.
   return pooled_tensor_over(pool_, std::move(storage), target_, tensor);

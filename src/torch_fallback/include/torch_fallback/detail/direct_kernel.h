@@ -348,6 +348,7 @@ class TORCH_FALLBACK_API DirectCall {
   }
   // On a CUDA target: a device synchronize where the CUDA sync setting says so.
   void wait_if_asked() const;
+  C10_NOINLINE void park_list_views();
   c10::StorageImpl* home_in_call(c10::StorageImpl* backend_storage) const;
   at::Tensor view_of(const at::Tensor& tensor);
   // The view kept with `tensor` for later calls, if it still matches; else a new
