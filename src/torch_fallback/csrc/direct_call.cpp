@@ -60,14 +60,14 @@ void DirectCall::park_list_views() {
 void DirectCall::offer(const at::Tensor& tensor) {
   if (!usable_ || !tensor.defined()) return;
   const c10::Device device = tensor.device();
-  if (device.type() != backend_.device_type) {
+  if (C10_UNLIKELY(device.type() != backend_.device_type)) {
     // TensorIterator takes 0-dim CPU tensors as scalars on any device; an op whose
     // CUDA kernel checks devices takes none (the boxed fallback says so).
     usable_ = device.is_cpu() && tensor.dim() == 0 && !rules_.takes_no_cpu_scalars;
     return;
   }
-  if (tensor.layout() != c10::kStrided || tensor.is_nested() ||
-      (index_ && *index_ != device.index())) {
+  if (C10_UNLIKELY(tensor.layout() != c10::kStrided || tensor.is_nested() ||
+                   (index_ && *index_ != device.index()))) {
     usable_ = false;
     return;
   }

@@ -367,7 +367,10 @@ c10::Device output_home(c10::DeviceIndex index) {
 }
 
 at::Tensor adopt(const at::Tensor& home_tensor, c10::DeviceIndex index) {
-  const c10::Storage& source = home_tensor.storage();
+  // A kernel's result is a plain tensor, whose storage needs no virtual call;
+  // storage() says what is wrong with any other.
+  const c10::Storage& plain = home_tensor.unsafeGetTensorImpl()->unsafe_storage();
+  const c10::Storage& source = C10_LIKELY(plain) ? plain : home_tensor.storage();
   // The fallback runs later ops on this storage in place (the relay DataPtr keeps it);
   // a kernel must never give it new memory, which the relay storage would not see.
   source.unsafeGetStorageImpl()->set_resizable(false);
