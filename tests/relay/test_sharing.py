@@ -37,6 +37,19 @@ def _echo(inbox, outbox) -> None:
         outbox.put((str(tensor.device), type(tensor).__name__, tensor.cpu().tolist()))
 
 
+class _Samples(torch.utils.data.Dataset):
+    """Samples made on `device`, as a dataset that keeps its data there makes them."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> dict:
+        return {"x": torch.full((2,), float(i), device=self.device), "y": torch.tensor(i)}
+
+
 def _spawned(target, *args):
     process = mp.get_context("spawn").Process(target=target, args=args)
     process.start()
@@ -134,6 +147,50 @@ def test_dtypes_and_geometries_come_back_equal_over_the_same_memory(host_home, m
         assert torch.ops.relay.home_view(received).data_ptr() == (
             torch.ops.relay.home_view(tensor).data_ptr()
         )
+
+
+def _sent(tensor: torch.Tensor) -> torch.Tensor:
+    return pickle.loads(ForkingPickler.dumps(tensor))  # the receiving side, here
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda device: torch.ones(3, device=device),
+        lambda device: torch.ones(3, device=device).add_(1),
+        lambda device: torch.arange(6.0, device=device)[2:],
+        lambda device: torch.randn(2, 2, device=device, dtype=torch.complex64).conj(),
+        lambda device: torch.ones(2, device=device, requires_grad=True),
+        lambda device: torch.nn.Parameter(torch.ones(2, device=device)),
+        lambda device: torch.nn.Parameter(torch.ones(2, device=device), requires_grad=False),
+    ],
+    ids=["fresh", "written", "view", "conj", "requires-grad", "parameter", "frozen-parameter"],
+)
+def test_a_received_tensor_has_the_autograd_state_a_cpu_tensor_gets(host_home, make):
+    received, expected = _sent(make("relay")), _sent(make("cpu"))
+    assert type(received) is type(expected)
+    assert received._version == expected._version  # what autograd checks saved tensors by
+    assert (received.requires_grad, received.is_leaf) == (expected.requires_grad, expected.is_leaf)
+    assert received.grad_fn is None and expected.grad_fn is None
+    with torch.no_grad():
+        received.add_(1)  # counted as eager counts it
+        expected.add_(1)
+    assert received._version == expected._version
+
+
+def test_dataloader_workers_send_relay_batches_as_cpu_batches(host_home):
+    def batches(device: str) -> list:
+        loader = torch.utils.data.DataLoader(
+            _Samples(device), batch_size=4, num_workers=2, multiprocessing_context="spawn"
+        )
+        return [
+            (str(b["x"].device), b["x"].cpu().tolist(), b["x"]._version, b["y"].tolist())
+            for b in loader
+        ]
+
+    relay, cpu = batches("relay"), batches("cpu")
+    assert [batch[0] for batch in relay] == ["relay:0", "relay:0"]
+    assert [batch[1:] for batch in relay] == [batch[1:] for batch in cpu]
 
 
 def test_other_tensors_keep_torchs_own_reduction():

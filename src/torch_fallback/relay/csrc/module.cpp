@@ -49,7 +49,14 @@ TORCH_LIBRARY(relay, m) {
     relay::rehome(self.storage(), home.storage());
   });
   m.def("adopt_home(Tensor home, int index) -> Tensor", [](const at::Tensor& home, int64_t index) {
-    return relay::adopt(home, checked_index(index));
+    at::Tensor adopted = relay::adopt(home, checked_index(index));
+    // The writes `home` has counted are the relay tensor's: torch's rebuild of a
+    // tensor sent to another process counts its set_() (version 1), as eager's does.
+    c10::TensorImpl* impl = adopted.unsafeGetTensorImpl();
+    if (impl->version_counter().enabled() && home.unsafeGetTensorImpl()->version_counter().enabled()) {
+      for (uint32_t i = adopted._version(); i < home._version(); ++i) impl->bump_version();
+    }
+    return adopted;
   });
   // torch.ops calls run without the GIL: the device threads may need it to drop Python objects.
   m.def("finish_autograd_work", &relay::finish_autograd_work);
