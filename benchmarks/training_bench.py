@@ -25,10 +25,11 @@ figures); with --device cpu: relay CPU target and home against native CPU.
 
 Within a round each relay measurement runs next to its native reference and a second
 native process (the A/A control, which --no-control leaves out) measures the same
-native reference; the order of the three rotates from round to round. Training steps
-and graph replays are measured in --slices slices a round (of --budget/--slices
-seconds each, the order rotating from slice to slice): a shared host's speed changes
-within a round, and pairs a few milliseconds apart cancel it. --cpus pins
+native reference; the order of the three rotates from round to round. Training steps,
+decoding and graph replays are measured in --slices slices a round (of --budget/--slices
+seconds each, at least one call; the order rotating from slice to slice): a shared
+host's speed changes within a round, and pairs measured back to back cancel it. A
+decoder is built and warmed up once per side, so that a slice times generate() alone. --cpus pins
 every side to the same CPUs. --backward-on-calling-thread runs every side's backward
 on the thread that calls it (torch.autograd.set_multithreading_enabled(False)): the
 autograd engine runs relay's backward on a thread of its own, and on the CPU target
@@ -53,15 +54,15 @@ SIDES = ("native", "relay")
 CONTROL = "control"  # the A/A control: a second native process, paired as relay is
 KINDS = ("train", "decode", "graph", "op", "cross_home")
 TIMED = ("train", "decode", "graph")  # kinds with a median time per round, paired
-SLICED = ("train", "graph")  # kinds of short calls, paired in --slices slices a round
+SLICED = ("train", "decode", "graph")  # kinds paired in --slices slices a round
 
 
 def measure_all(args: argparse.Namespace, forwarded: list[str]) -> dict:
     """Every relay measurement next to its native reference and, unless --no-control,
     the same native measurement in a second native process (the A/A control), in an
     order that rotates from slice to slice: a cost of going first or last cancels out.
-    Kinds of short calls (SLICED) are measured in --slices slices a round, each one
-    pairing the sides within a few milliseconds."""
+    Kinds of SLICED are measured in --slices slices a round, each one pairing the
+    sides back to back."""
     names = [*SIDES] + ([] if args.no_control else [CONTROL])
     sides = {name: harness.SideProcess(__file__, name, forwarded) for name in names}
     plans = {name: sides[name].hello["plan"] for name in names}
@@ -87,6 +88,14 @@ def measure_all(args: argparse.Namespace, forwarded: list[str]) -> dict:
     return {name: {"meta": sides[name].hello["meta"],
                    "rows": [best_of(rows) for rows in samples[name] if rows]}
             for name in names}  # fmt: skip
+
+
+def sliced_kinds(meta: dict) -> str:
+    """The kinds a run measured in slices, in words; runs before decoding was sliced
+    name none in their summary."""
+    words = {"train": "training steps", "decode": "decoding", "graph": "graph replays"}
+    kinds = [words[kind] for kind in meta.get("sliced", ["train", "graph"])]
+    return ", ".join(kinds[:-1]) + " and " + kinds[-1] if len(kinds) > 1 else kinds[0]
 
 
 def best_of(rows: list[dict]) -> dict:
@@ -241,7 +250,7 @@ def render(derived: dict[str, list[dict]], meta: dict) -> str:
         f"{meta['date']}, source {meta.get('source')}, best of {meta.get('rounds', 1)} round(s) "
         f"of {meta['budget_s']} s per measurement"
         + (
-            f" (training steps and graph replays: {meta['slices']} paired slices a round)"
+            f" ({sliced_kinds(meta)}: {meta['slices']} paired slices a round)"
             if meta.get("slices", 1) > 1
             else ""
         ),
@@ -376,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         meta = {
             **sides["relay"]["meta"], "device": args.device, "small": args.small,
             "budget_s": args.budget, "rounds": args.rounds, "slices": args.slices,
-            **harness.host_info(),
+            "sliced": list(SLICED), **harness.host_info(),
             "control": not args.no_control, "cpus": sorted(args.cpus) if args.cpus else None,
         }  # fmt: skip
         rows = {side: sides[side]["rows"] for side in sides}
