@@ -29,10 +29,10 @@ native reference; the order of the three rotates from round to round. Training s
 decoding and graph replays are measured in --slices slices a round (of --budget/--slices
 seconds each, at least one call; the order rotating from slice to slice): a shared
 host's speed changes within a round, and pairs measured back to back cancel it. A
-decoder is built and warmed up once per side, so that a slice times generate() alone. --cpus pins
-every side to the same CPUs. --backward-on-calling-thread runs every side's backward
-on the thread that calls it (torch.autograd.set_multithreading_enabled(False)): the
-autograd engine runs relay's backward on a thread of its own, and on the CPU target
+decoder is built and warmed up once per side, so that a slice times generate() alone.
+--cpus pins every side to the same CPUs. --backward-on-calling-thread runs every side's
+backward on the thread that calls it (torch.autograd.set_multithreading_enabled(False)):
+the autograd engine runs relay's backward on a thread of its own, and on the CPU target
 that thread's OpenMP team slows the main thread's (docs/relay.md, Performance).
 
 Output: the table; --json the summary (meta with host and GPU, and per row the medians,

@@ -53,7 +53,8 @@ TORCH_LIBRARY(relay, m) {
     // The writes `home` has counted are the relay tensor's: torch's rebuild of a
     // tensor sent to another process counts its set_() (version 1), as eager's does.
     c10::TensorImpl* impl = adopted.unsafeGetTensorImpl();
-    if (impl->version_counter().enabled() && home.unsafeGetTensorImpl()->version_counter().enabled()) {
+    const c10::TensorImpl* home_impl = home.unsafeGetTensorImpl();
+    if (impl->version_counter().enabled() && home_impl->version_counter().enabled()) {
       for (uint32_t i = adopted._version(); i < home._version(); ++i) impl->bump_version();
     }
     return adopted;
