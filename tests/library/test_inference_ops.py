@@ -44,6 +44,9 @@ INFERENCE_OPS = [
     "aten::sigmoid_backward", "aten::tanh_backward", "aten::hardtanh_backward",
     "aten::max_pool2d_with_indices_backward", "aten::native_group_norm_backward",
     "aten::embedding_dense_backward", "aten::arange.start_out", "aten::where.self_out",
+    "aten::isin.Tensor_Tensor", "aten::div.Tensor_mode", "aten::floor_divide",
+    "aten::clamp_min", "aten::scatter_.src", "aten::scatter_add_", "aten::scatter_add",
+    "aten::masked_select", "aten::_weight_norm_interface",
 ]  # fmt: skip
 
 
@@ -99,6 +102,24 @@ def sampled(on):
     )  # fmt: skip
 
 
+def stopping_and_routing(on):
+    # generate()'s end-of-sequence check, F.normalize, floor division of positions,
+    # a mixture of experts' routing weights, a mask's selection, weight norm.
+    ids, eos = on(torch.tensor([[5, 2, 9, 2], [7, 1, 1, 3]])), on(torch.tensor([2, 7]))
+    x, i = on(torch.randn(3, 4)), on(torch.tensor([[0, 3], [2, 1], [1, 0]]))
+    routed = on(torch.randn(3, 2))
+    positions = on(torch.arange(9))
+    weight = on(torch.randn(6, 4, 3))
+    return (
+        torch.isin(ids, eos), torch.isin(ids, eos, invert=True), F.normalize(x, dim=-1),
+        torch.div(positions, 4, rounding_mode="floor"), positions // 2,
+        torch.div(x, on(torch.tensor(0.3)), rounding_mode="trunc"),
+        on(torch.zeros(3, 4)).scatter_(1, i, routed), torch.scatter_add(x, 1, i, routed),
+        x.clone().scatter_add_(1, i, routed), torch.masked_select(x, x > 0),
+        *torch._weight_norm_interface(weight, on(torch.rand(6, 1, 1)), 0),
+    )  # fmt: skip
+
+
 def rms_norm(on):
     x, weight = on(torch.randn(2, 5, 8)), on(torch.rand(8))
     return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
@@ -133,6 +154,11 @@ def embedding_backward(on):
 # (name, ops it must count, call): each call takes a function that puts a CPU tensor where it runs.
 CALLS = [
     ("rms_norm", ["aten::pow.Tensor_Scalar", "aten::rsqrt"], rms_norm),
+    ("stopping and routing", ["aten::isin.Tensor_Tensor", "aten::clamp_min",
+                              "aten::div.Tensor_mode", "aten::floor_divide",
+                              "aten::scatter_.src", "aten::scatter_add", "aten::scatter_add_",
+                              "aten::masked_select", "aten::_weight_norm_interface"],
+     stopping_and_routing),
     ("rotary", ["aten::neg", "aten::sin", "aten::cos"], rotary),
     ("pointwise", ["aten::exp", "aten::log", "aten::abs", "aten::sqrt", "aten::sign"],
      lambda on: (lambda x: (x.exp(), x.abs().log(), x.abs().sqrt(), x.sign(), x.ceil(),

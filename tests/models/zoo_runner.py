@@ -57,17 +57,16 @@ def tied_groups(model: torch.nn.Module) -> list[list[str]]:
     return sorted(names for names in by_object.values() if len(names) > 1)
 
 
-def run_case(
+def run_inference(
     name: str, model: torch.nn.Module, case: dict[str, Any], device: str
 ) -> dict[str, Any]:
-    """The zoo's three uses of ``model`` on ``device``; results on the CPU."""
-    entry = zoo.BY_NAME[name]
-    model.to(device)
-    results: dict[str, Any] = {"tied": tied_groups(model)}
+    """The eval outputs and, for a model that generates, its greedy ``generate()`` ids of
+    ``model`` (on ``device`` already), under torch.no_grad; results on the CPU."""
+    results: dict[str, Any] = {}
     model.eval()
     with torch.no_grad():
         results["eval"] = _tensors(model(**_to(case["eval"], device)))
-        if entry.generates:
+        if zoo.BY_NAME[name].generates:
             prompt = _to(case["prompt"], device)
             ids = model.generate(
                 **prompt,
@@ -78,6 +77,16 @@ def run_case(
                 num_beams=1,
             )
             results["generate"] = _cpu(ids)
+    return results
+
+
+def run_case(
+    name: str, model: torch.nn.Module, case: dict[str, Any], device: str
+) -> dict[str, Any]:
+    """The zoo's three uses of ``model`` on ``device``; results on the CPU."""
+    model.to(device)
+    results: dict[str, Any] = {"tied": tied_groups(model)}
+    results |= run_inference(name, model, case, device)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = []

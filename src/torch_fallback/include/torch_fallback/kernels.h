@@ -81,6 +81,11 @@ void register_kernels(torch::Library& aten) {
       ops::index_add_, ops::gather, ops::scatter__value, ops::scatter_src, ops::nonzero,
       ops::baddbmm, ops::cumsum, ops::argmax, ops::max, ops::max_dim, ops::topk, ops::any,
       ops::all, ops::all_dim, ops::any_dim,
+      // generate()'s stopping checks, floor division, F.normalize, mixture-of-experts
+      // routing, masks, weight norm
+      ops::isin_Tensor_Tensor, ops::div_Tensor_mode, ops::floor_divide, ops::clamp_min,
+      ops::scatter__src, ops::scatter_add_, ops::scatter_add, ops::masked_select,
+      ops::_weight_norm_interface,
       ops::_local_scalar_dense, ops::max_pool2d_with_indices, ops::native_group_norm,
       ops::silu_backward, ops::sigmoid_backward, ops::tanh_backward, ops::hardtanh_backward,
       ops::max_pool2d_with_indices_backward, ops::native_group_norm_backward,

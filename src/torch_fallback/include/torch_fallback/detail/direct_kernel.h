@@ -27,6 +27,7 @@
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward_ops.h>
 #include <ATen/ops/_softmax_ops.h>
 #include <ATen/ops/_softmax_backward_data_ops.h>
+#include <ATen/ops/_weight_norm_interface_ops.h>
 #include <ATen/ops/abs_ops.h>
 #include <ATen/ops/add_ops.h>
 #include <ATen/ops/addmm_ops.h>
@@ -42,6 +43,7 @@
 #include <ATen/ops/cat_ops.h>
 #include <ATen/ops/ceil_ops.h>
 #include <ATen/ops/clamp_ops.h>
+#include <ATen/ops/clamp_min_ops.h>
 #include <ATen/ops/_convolution_ops.h>
 #include <ATen/ops/convolution_backward_ops.h>
 #include <ATen/ops/cos_ops.h>
@@ -52,6 +54,7 @@
 #include <ATen/ops/exp_ops.h>
 #include <ATen/ops/fill_ops.h>
 #include <ATen/ops/floor_ops.h>
+#include <ATen/ops/floor_divide_ops.h>
 #include <ATen/ops/gather_ops.h>
 #include <ATen/ops/ge_ops.h>
 #include <ATen/ops/gelu_ops.h>
@@ -62,12 +65,14 @@
 #include <ATen/ops/index_ops.h>
 #include <ATen/ops/index_add_ops.h>
 #include <ATen/ops/index_select_ops.h>
+#include <ATen/ops/isin_ops.h>
 #include <ATen/ops/isneginf_ops.h>
 #include <ATen/ops/isposinf_ops.h>
 #include <ATen/ops/le_ops.h>
 #include <ATen/ops/log_ops.h>
 #include <ATen/ops/lt_ops.h>
 #include <ATen/ops/masked_fill_ops.h>
+#include <ATen/ops/masked_select_ops.h>
 #include <ATen/ops/max_ops.h>
 #include <ATen/ops/max_pool2d_with_indices_ops.h>
 #include <ATen/ops/max_pool2d_with_indices_backward_ops.h>
@@ -93,6 +98,7 @@
 #include <ATen/ops/relu_ops.h>
 #include <ATen/ops/rsqrt_ops.h>
 #include <ATen/ops/scatter_ops.h>
+#include <ATen/ops/scatter_add_ops.h>
 #include <ATen/ops/sigmoid_ops.h>
 #include <ATen/ops/sigmoid_backward_ops.h>
 #include <ATen/ops/sign_ops.h>
