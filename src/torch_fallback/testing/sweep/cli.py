@@ -22,6 +22,7 @@ with --raw every task.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import platform
 import sys
@@ -29,7 +30,7 @@ import tempfile
 import time
 
 from . import report
-from .pool import Pool
+from .pool import Pool, WorkerStartError
 from .samples import DTYPES, PHASES
 from .worker import Config
 
@@ -84,8 +85,24 @@ def parse(argv: list[str] | None, prog: str | None = None) -> argparse.Namespace
     return parser.parse_args(argv)
 
 
+# What PyTorch's OpInfo database (torch.testing._internal) imports beyond torch itself.
+OPINFO_NEEDS = ("expecttest", "numpy")
+
+
+def missing_opinfo_needs() -> list[str]:
+    return [name for name in OPINFO_NEEDS if importlib.util.find_spec(name) is None]
+
+
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = parse(argv, prog)
+    missing = missing_opinfo_needs()
+    if missing:
+        print(
+            f"{prog or 'sweep'}: PyTorch's OpInfo database needs {', '.join(missing)}, "
+            f"which this environment lacks: pip install {' '.join(missing)}",
+            file=sys.stderr,
+        )
+        return 2
     os.environ.setdefault("PYTHONHASHSEED", "0")  # same sample order in every worker
     config = Config(
         reference=args.target,
@@ -101,7 +118,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         tempfile.TemporaryDirectory(prefix="opinfo-sweep-") as tmpdir,
         Pool(config, max(1, args.jobs), args.timeout, tmpdir) as pool,
     ):
-        tasks = pool.list_tasks(ops=args.ops, dtypes=args.dtypes, phases=args.phases)
+        try:
+            tasks = pool.list_tasks(ops=args.ops, dtypes=args.dtypes, phases=args.phases)
+        except WorkerStartError as error:
+            print(f"{prog or 'sweep'}: {error}", file=sys.stderr)
+            return 2
         names = {name for name, _, _ in tasks}
         unknown = [
             op

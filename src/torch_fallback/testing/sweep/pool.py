@@ -21,6 +21,10 @@ from . import worker
 STARTUP_TIMEOUT = 600.0
 
 
+class WorkerStartError(RuntimeError):
+    """A worker process that never became ready: its end, and its log's last lines."""
+
+
 class Worker:
     def __init__(self, context, role: str, config: worker.Config, log_path: str):
         self.context, self.role, self.config, self.log_path = context, role, config, log_path
@@ -107,8 +111,12 @@ class Pool:
     def _await_ready(self, w: Worker) -> None:
         while not w.ready:
             if not w.conn.poll(STARTUP_TIMEOUT):
-                raise RuntimeError(f"{w.role} worker did not start: {w.log_tail()}")
-            self._receive(w, w.conn.recv())
+                raise WorkerStartError(f"{w.role} worker did not start: {w.log_tail()}")
+            try:
+                message = w.conn.recv()
+            except EOFError:
+                raise WorkerStartError(f"{w.role} worker died at start: {w.death()}") from None
+            self._receive(w, message)
 
     def _receive(self, w: Worker, message) -> tuple | None:
         kind, *rest = message
@@ -176,7 +184,7 @@ class Pool:
                 if w.deadline is not None and now > w.deadline and w.process.is_alive():
                     w.kill()
                     if not w.ready:
-                        raise RuntimeError(f"{w.role} worker did not start: {w.log_tail()}")
+                        raise WorkerStartError(f"{w.role} worker did not start: {w.log_tail()}")
                     left -= self._died(w, on_result, None)
 
     def _died(self, w: Worker, on_result, how: str | None) -> int:
