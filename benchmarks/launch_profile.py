@@ -42,7 +42,7 @@ def workload(name: str, device: str):
             with torch.no_grad():
                 model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8,
                                min_new_tokens=8, do_sample=False, pad_token_id=0,
-                               eos_token_id=None)  # fmt: skip
+                               eos_token_id=workloads.DECODE["eos"])  # fmt: skip
 
         return call, sync
     model, case = zoo_bench.load_zoo().make_case(name, 1)

@@ -198,7 +198,7 @@ def cross_home(spec: dict, args, sync: Callable[[], None]) -> dict:
 
 # Decoding: greedy generate() with a KV cache, the most launch-bound workload users run.
 
-DECODE = dict(layers=4, hidden=256, heads=4, vocab=2048, prompt=8, new_tokens=64)
+DECODE = dict(layers=4, hidden=256, heads=4, vocab=2048, prompt=8, new_tokens=64, eos=0)
 
 
 def decoder(name: str) -> nn.Module:
@@ -216,7 +216,7 @@ def decoder(name: str) -> nn.Module:
     else:
         config = transformers.GPT2Config(
             vocab_size=d["vocab"], n_embd=d["hidden"], n_layer=d["layers"], n_head=d["heads"],
-            n_positions=256, bos_token_id=0, eos_token_id=0,
+            n_positions=256, bos_token_id=0, eos_token_id=d["eos"],
         )  # fmt: skip
         model = transformers.GPT2LMHeadModel(config)
     return model.eval()
@@ -240,11 +240,13 @@ def generator(spec: dict, sync: Callable[[], None]) -> Callable[[], list[int]]:
     new = DECODE["new_tokens"]
 
     def generate() -> list[int]:
+        # With an end-of-sequence token, as users decode: generate() checks each new
+        # token against it (isin) and min_new_tokens masks it until the last token.
         with torch.no_grad():
             out = model.generate(
                 prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new,
                 min_new_tokens=new, do_sample=False, use_cache=True, num_beams=1,
-                pad_token_id=0, eos_token_id=None,
+                pad_token_id=0, eos_token_id=DECODE["eos"],
             )  # fmt: skip
         return out[0].tolist()
 
