@@ -29,6 +29,22 @@ def served_unboxed(placement) -> bool:
     return placement.target == placement.home
 
 
+def unboxed(op: str) -> int:
+    """The calls of `op` an unboxed kernel served, since the last reset."""
+    stats = torch_fallback.metrics().get(op)
+    return 0 if stats is None else stats.calls_unboxed
+
+
+def assert_unboxed_where_served(ops: list[str], placement) -> None:
+    """Each of `ops` reached the fallback, unboxed where relay's memory is on the target;
+    elsewhere the boxed fallback copies the tensors to the target and back."""
+    metrics = torch_fallback.metrics()
+    for op in ops:
+        counted = metrics.get(op)
+        assert counted is not None and counted.calls > 0, f"{op} did not reach the fallback"
+        assert (counted.calls_unboxed > 0) == served_unboxed(placement), op
+
+
 def eager_on_target(placement):
     """Puts a CPU tensor where eager runs what relay runs: on the fallback's target.
     For references that need no CUDA autograd (pytorch/pytorch#161129)."""

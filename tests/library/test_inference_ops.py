@@ -16,11 +16,18 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F
-from checks import assert_same, run_both, served_unboxed
+from checks import (
+    assert_same,
+    assert_unboxed_where_served,
+    run_both,
+    served_unboxed,
+    unboxed,
+)
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import torch_fallback
 import torch_fallback.relay
+from torch_fallback.testing.calls import boxed_calls
 
 pytestmark = pytest.mark.usefixtures("placement")
 
@@ -46,21 +53,10 @@ INFERENCE_OPS = [
     "aten::embedding_dense_backward", "aten::arange.start_out", "aten::where.self_out",
     "aten::isin.Tensor_Tensor", "aten::div.Tensor_mode", "aten::floor_divide",
     "aten::clamp_min", "aten::scatter_.src", "aten::scatter_add_", "aten::scatter_add",
-    "aten::masked_select", "aten::_weight_norm_interface",
+    "aten::masked_select", "aten::_weight_norm_interface", "aten::remainder.Tensor",
+    "aten::remainder.Scalar", "aten::min.dim", "aten::sort.stable", "aten::amax", "aten::amin",
+    "aten::nansum", "aten::clamp_",
 ]  # fmt: skip
-
-
-def unboxed(op: str) -> int:
-    stats = torch_fallback.metrics().get(op)
-    return 0 if stats is None else stats.calls_unboxed
-
-
-def boxed_calls() -> dict[str, int]:
-    return {
-        op: m.calls - m.calls_unboxed
-        for op, m in torch_fallback.metrics().items()
-        if m.calls > m.calls_unboxed
-    }
 
 
 def masked(on):
@@ -120,6 +116,22 @@ def stopping_and_routing(on):
     )  # fmt: skip
 
 
+def beams_and_sampling_filters(on):
+    # Beam search splits flat indices into beam and token (remainder, floor division);
+    # top-p and min-p filters sort probabilities and scale by their maximum;
+    # typical-p sums entropies (nansum).
+    scores = on(torch.randn(2, 12))
+    flat = torch.topk(scores.view(1, -1), 4).indices
+    probs = scores.softmax(-1)
+    sorted_probs, order = torch.sort(probs, descending=True, stable=True)
+    with_nan = scores.clone().masked_fill_(scores > 1, float("nan"))
+    return (
+        flat % on(torch.tensor(12)), flat % 5, flat.min(-1), sorted_probs, order,
+        probs.amax(-1, keepdim=True), probs.amin(-1), torch.nansum(with_nan, -1),
+        scores.clone().clamp_(-0.5, 0.5),
+    )  # fmt: skip
+
+
 def rms_norm(on):
     x, weight = on(torch.randn(2, 5, 8)), on(torch.rand(8))
     return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
@@ -159,6 +171,10 @@ CALLS = [
                               "aten::scatter_.src", "aten::scatter_add", "aten::scatter_add_",
                               "aten::masked_select", "aten::_weight_norm_interface"],
      stopping_and_routing),
+    ("beam search and sampling filters", ["aten::remainder.Tensor", "aten::remainder.Scalar",
+                                          "aten::min.dim", "aten::sort.stable", "aten::amax",
+                                          "aten::amin", "aten::nansum", "aten::clamp_"],
+     beams_and_sampling_filters),
     ("rotary", ["aten::neg", "aten::sin", "aten::cos"], rotary),
     ("pointwise", ["aten::exp", "aten::log", "aten::abs", "aten::sqrt", "aten::sign"],
      lambda on: (lambda x: (x.exp(), x.abs().log(), x.abs().sqrt(), x.sign(), x.ceil(),
@@ -200,11 +216,7 @@ def test_the_inference_ops_have_unboxed_kernels_on_relay():
 def test_inference_op_matches_eager_unboxed_where_relay_memory_is(placement, name, ops, call):
     actual, expected = run_both(call)
     assert_same(actual, expected)
-    for op in ops:
-        counted = torch_fallback.metrics().get(op)
-        assert counted is not None and counted.calls > 0, f"{op} did not reach the fallback"
-        # Elsewhere the boxed fallback copies the tensors to the target and back.
-        assert (unboxed(op) > 0) == served_unboxed(placement), op
+    assert_unboxed_where_served(ops, placement)
 
 
 ARANGES = [

@@ -12,11 +12,19 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from checks import assert_same, calls_on, run_both, served_unboxed, unboxed_calls
+from checks import (
+    assert_same,
+    assert_unboxed_where_served,
+    calls_on,
+    run_both,
+    served_unboxed,
+    unboxed_calls,
+)
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_fallback
 import torch_fallback.relay
+from torch_fallback.testing.calls import unservable_boxed_calls
 
 pytestmark = pytest.mark.usefixtures("placement")
 
@@ -326,3 +334,121 @@ def test_a_training_step_through_the_unboxed_kernels(placement):
     for expected, actual in zip(model.parameters(), on_relay.parameters(), strict=True):
         torch.testing.assert_close(actual.grad.cpu(), expected.grad)
     assert (unboxed_calls() > 0) == served_unboxed(placement)
+
+
+def losses_and_their_backward(on):
+    x = on(torch.randn(4, 5)).requires_grad_()
+    target = on(torch.randn(4, 5))
+    loss = (
+        F.mse_loss(x, target) + F.smooth_l1_loss(x, target) + F.l1_loss(x, target)
+        + F.binary_cross_entropy_with_logits(x, target.sigmoid()) + x.exp().reciprocal().sum()
+        + F.logsigmoid(x).mean()
+    )  # fmt: skip
+    return loss.detach(), *torch.autograd.grad(loss, x)
+
+
+def clipped_gradients(on):
+    shapes = [(3, 4), (5,), (2, 2, 2)]
+    params = [on(torch.zeros(shape)).requires_grad_() for shape in shapes]
+    for param in params:
+        param.grad = on(torch.randn(param.shape))
+    total = torch.nn.utils.clip_grad_norm_(params, max_norm=1.0)
+    return total, torch.linalg.vector_norm(params[0].grad), *[param.grad for param in params]
+
+
+def amsgrad_maxima(on):
+    kept, new = (
+        [on(torch.randn(3)), on(torch.randn(2, 2))],
+        [on(torch.randn(3)), on(torch.randn(2, 2))],
+    )
+    torch._foreach_maximum_(kept, new)
+    return kept
+
+
+# (name, ops it must count unboxed where relay's memory is on the target, call)
+LOSS_AND_OPTIMIZER_CALLS = [
+    ("losses", ["aten::mse_loss", "aten::mse_loss_backward", "aten::smooth_l1_loss",
+                "aten::log_sigmoid_forward", "aten::log_sigmoid_backward", "aten::sgn",
+                "aten::reciprocal"], losses_and_their_backward),
+    ("clip_grad_norm_", ["aten::_foreach_norm.Scalar", "aten::linalg_vector_norm",
+                         "aten::_foreach_mul_.Tensor"], clipped_gradients),
+    ("amsgrad", ["aten::_foreach_maximum_.List"], amsgrad_maxima),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "name, ops, call",
+    LOSS_AND_OPTIMIZER_CALLS,
+    ids=[name for name, _, _ in LOSS_AND_OPTIMIZER_CALLS],
+)
+def test_loss_and_optimizer_op_matches_eager_unboxed_where_relay_memory_is(
+    placement, name, ops, call
+):
+    actual, expected = run_both(call)
+    assert_same(actual, expected)
+    assert_unboxed_where_served(ops, placement)
+
+
+MODELS = {
+    "mlp": lambda: torch.nn.Sequential(
+        torch.nn.Linear(12, 16), torch.nn.GELU(), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4)
+    ),
+    "cnn": lambda: torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3, padding=1),
+        torch.nn.BatchNorm2d(4),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(),
+        torch.nn.Linear(16, 4),
+    ),
+    "transformer": lambda: torch.nn.Sequential(
+        torch.nn.TransformerEncoderLayer(12, 2, 24, dropout=0.0, batch_first=True),
+        torch.nn.Linear(12, 4),
+    ),
+}
+INPUTS = {"mlp": (6, 12), "cnn": (2, 3, 4, 4), "transformer": (2, 3, 12)}
+OPTIMIZERS = {
+    "adamw": lambda params: torch.optim.AdamW(params, lr=1e-2),
+    "amsgrad": lambda params: torch.optim.Adam(params, lr=1e-2, amsgrad=True),
+    "sgd-nesterov": lambda params: torch.optim.SGD(params, lr=1e-2, momentum=0.9, nesterov=True),
+}
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_a_training_loop_makes_no_boxed_call_where_relay_memory_is(placement, model, optimizer):
+    # The loop users write: several losses, clip_grad_norm_, an optimizer and a schedule,
+    # an accuracy read with item(). Each boxed call would pay its host time every step.
+    def train(on):
+        torch.manual_seed(0)
+        net = MODELS[model]().double()
+        net.to(on(torch.empty(0)).device)
+        opt = OPTIMIZERS[optimizer](net.parameters())
+        schedule = torch.optim.lr_scheduler.OneCycleLR(opt, 0.05, total_steps=4)
+        losses = []
+        for _ in range(3):
+            x = on(torch.randn(*INPUTS[model], dtype=torch.float64))
+            out = net(x)
+            out = out.reshape(-1, out.shape[-1])
+            y = on(torch.randint(0, 4, out.shape[:1]))
+            loss = F.cross_entropy(out, y) + F.mse_loss(out, torch.zeros_like(out))
+            loss = loss + F.smooth_l1_loss(out, torch.ones_like(out)) + F.l1_loss(out, 0 * out)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+            opt.step()
+            schedule.step()
+            losses.append(loss.detach())
+            (out.argmax(-1) == y).double().mean().item()
+        return losses, list(net.parameters())
+
+    actual, expected = run_both(train)
+    assert_same(actual, expected)
+    if served_unboxed(placement):
+        # smooth_l1_loss's backward, for one, is an out= op.
+        boxed = unservable_boxed_calls()
+        assert not boxed, f"boxed calls of ops an unboxed kernel could serve: {boxed}"
+    else:
+        # item() reads where relay's memory is, whatever the target.
+        unboxed = {op for op, m in torch_fallback.metrics().items() if m.calls_unboxed}
+        assert unboxed <= {"aten::_local_scalar_dense"}, unboxed

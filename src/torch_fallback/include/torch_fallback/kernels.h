@@ -57,6 +57,11 @@ void register_kernels(torch::Library& aten) {
       ops::_foreach_mul__Scalar, ops::_foreach_mul__List, ops::_foreach_div__ScalarList,
       ops::_foreach_addcmul__Scalar, ops::_foreach_addcdiv__ScalarList,
       ops::_foreach_lerp__Scalar, ops::_foreach_zero_, ops::_foreach_sqrt,
+      ops::_foreach_maximum__List,  // AMSGrad
+      // clip_grad_norm_, the regression and logistic losses and their backwards
+      ops::_foreach_norm_Scalar, ops::_foreach_mul__Tensor, ops::linalg_vector_norm,
+      ops::mse_loss, ops::mse_loss_backward, ops::smooth_l1_loss, ops::log_sigmoid_forward,
+      ops::log_sigmoid_backward, ops::sgn, ops::reciprocal,
       // the fused attention kernels scaled_dot_product_attention chooses on each target
       ops::_fused_sdp_choice, ops::_scaled_dot_product_cudnn_attention,
       ops::_scaled_dot_product_cudnn_attention_backward,
@@ -86,6 +91,9 @@ void register_kernels(torch::Library& aten) {
       ops::isin_Tensor_Tensor, ops::div_Tensor_mode, ops::floor_divide, ops::clamp_min,
       ops::scatter__src, ops::scatter_add_, ops::scatter_add, ops::masked_select,
       ops::_weight_norm_interface,
+      // beam search, and the sampling filters (top-p, min-p, typical)
+      ops::remainder_Tensor, ops::remainder_Scalar, ops::min_dim, ops::sort_stable, ops::amax,
+      ops::amin, ops::nansum, ops::clamp_,
       ops::_local_scalar_dense, ops::max_pool2d_with_indices, ops::native_group_norm,
       ops::silu_backward, ops::sigmoid_backward, ops::tanh_backward, ops::hardtanh_backward,
       ops::max_pool2d_with_indices_backward, ops::native_group_norm_backward,
