@@ -175,6 +175,7 @@ def derive(native: list[dict], relay: list[dict]) -> dict[str, list[dict]]:
                 "ratio": r["median_ms"] / n["median_ms"],
                 "paired_ratio": spread["median"], "paired_quartiles": spread["quartiles"],
                 "fallback_calls_per_step": r.get("fallback_calls"),
+                "boxed_calls_per_step": r.get("boxed_calls"),
             }  # fmt: skip
             if r["kind"] == "decode":
                 row["native_tokens_per_s"] = n["tokens_per_s"]
@@ -208,12 +209,19 @@ def add_control(derived: dict[str, list[dict]], control: dict[str, list[dict]]) 
             row["control_paired_quartiles"] = aa["paired_quartiles"] if aa else None
 
 
+def calls_and_boxed(row: dict) -> str:
+    """'calls (boxed)' of one step or generate(); older summaries have no boxed count."""
+    calls, boxed = row.get("fallback_calls_per_step"), row.get("boxed_calls_per_step")
+    if calls is None:
+        return "-"
+    return f"{calls}" + ("" if boxed is None else f" ({boxed})")
+
+
 def timed_table(kind: str, rows: list[dict], meta: dict) -> list[str]:
     head = f"{'model':<12} {'dtype':<5} {'relay config':<15} {'native ms':>10} "
     head += f"{'relay ms':>10} {'ratio':>6} {'paired (quartiles)':>19} {'A/A (quartiles)':>19}"
-    head += {"train": f" {'fallback calls/step':>20}", "decode": f" {'tok/s':>8} {'ids':>6}"}.get(
-        kind, ""
-    )
+    calls_head = f" {'calls (boxed)':>16}"  # per step, per generate()
+    head += {"train": calls_head, "decode": f" {'tok/s':>8} {'ids':>6}" + calls_head}.get(kind, "")
     lines = [head]
     if kind == "train" and meta["device"] == "cpu":
         lines.insert(0, "(bf16: relay autocasts as CUDA does, native CPU by its own policy)")
@@ -230,12 +238,11 @@ def timed_table(kind: str, rows: list[dict], meta: dict) -> list[str]:
             f"{paired(d.get('paired_ratio'), d.get('paired_quartiles')):>19} "
             f"{paired(d.get('control_paired_ratio'), d.get('control_paired_quartiles')):>19}"
         )
-        if kind == "train":
-            calls = d["fallback_calls_per_step"]
-            line += f" {'-' if calls is None else calls:>20}"
-        elif kind == "decode":
+        if kind == "decode":
             same = "equal" if d["ids_equal"] else "DIFFER"
             line += f" {d['relay_tokens_per_s']:>8.1f} {same:>6}"
+        if kind in ("train", "decode"):
+            line += f" {calls_and_boxed(d):>16}"
         lines.append(line)
     return lines
 

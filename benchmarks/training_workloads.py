@@ -332,6 +332,24 @@ def plan(side: str, device: str) -> list[dict]:
     return specs
 
 
+_decode_calls: dict[tuple[str, str], dict[str, int]] = {}
+
+
+def fallback_calls(call: Callable[[], object], sync: Callable[[], None]) -> dict[str, int]:
+    """The fallback calls of one more call of `call` (a training step, a generate()), and
+    the boxed ones among them (each costs more host time than an unboxed one)."""
+    import torch_fallback
+
+    torch_fallback.reset_metrics()
+    call()
+    sync()
+    metrics = torch_fallback.metrics().values()
+    return {
+        "fallback_calls": sum(m.calls for m in metrics),
+        "boxed_calls": sum(m.calls - m.calls_unboxed for m in metrics),
+    }
+
+
 def measure(spec: dict, args) -> dict:
     """One measurement; relay specs first set the fallback target and the relay home."""
     uses_cuda = "cuda" in spec["placement"]
@@ -352,15 +370,17 @@ def measure(spec: dict, args) -> dict:
     if spec["kind"] == "train":
         result, step = train_step(spec, args, sync)
         row["dtype"] = spec["dtype"]
-        if fallback is not None:  # fallback calls of one step
-            fallback.reset_metrics()
-            step()
-            sync()
-            result["fallback_calls"] = sum(m.calls for m in fallback.metrics().values())
+        if fallback is not None:
+            result |= fallback_calls(step, sync)
     elif spec["kind"] == "op":
         result = per_op(spec, args, sync)
     elif spec["kind"] == "decode":
         result = decode(spec, args, sync)
+        if fallback is not None:
+            key = (spec["name"], spec["config"])
+            if key not in _decode_calls:  # the same in every slice: counted once
+                _decode_calls[key] = fallback_calls(generator(spec, sync), sync)
+            result |= _decode_calls[key]
     elif spec["kind"] == "graph":
         result = graph_replay(spec, args, sync)
     else:
