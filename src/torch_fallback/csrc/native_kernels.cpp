@@ -451,6 +451,18 @@ bool has_kernel(const std::string& name, c10::DeviceType device_type) {
                    c10::computeDispatchKey(std::nullopt, c10::kStrided, c10::Device(device_type)));
 }
 
+bool decomposes_above_backends(const std::string& name) {
+  const auto dot = name.find('.');
+  const c10::OperatorName op_name(
+      "aten::" + name.substr(0, dot), dot == std::string::npos ? "" : name.substr(dot + 1));
+  const auto op = c10::Dispatcher::singleton().findOp(op_name);
+  if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
+    return false;
+  }
+  const auto& whole = ops_run_whole();
+  return std::find(whole.begin(), whole.end(), name) == whole.end();
+}
+
 void register_sdp_choice(torch::Library& aten) {
   // A backend's own choice wins whichever static initializer runs first: set
   // before this, it is left in place (read through the stub's only member, a

@@ -94,6 +94,36 @@ void register_kernels(torch::Library& aten) {
       // beam search, and the sampling filters (top-p, min-p, typical)
       ops::remainder_Tensor, ops::remainder_Scalar, ops::min_dim, ops::sort_stable, ops::amax,
       ops::amin, ops::nansum, ops::clamp_,
+      // vision and audio models: resizing, padding, pooling, the activations of
+      // mobile and detection networks (in place too), shifted windows
+      ops::upsample_nearest1d, ops::upsample_nearest2d, ops::upsample_nearest3d,
+      ops::upsample_linear1d, ops::upsample_bilinear2d, ops::upsample_bicubic2d,
+      ops::upsample_trilinear3d, ops::reflection_pad1d, ops::reflection_pad2d,
+      ops::replication_pad1d, ops::replication_pad2d, ops::avg_pool2d, ops::_adaptive_avg_pool2d,
+      ops::im2col, ops::roll, ops::flip, ops::softplus, ops::elu, ops::leaky_relu, ops::mish,
+      ops::hardswish, ops::hardsigmoid, ops::glu, ops::relu_, ops::sigmoid_, ops::tanh_,
+      ops::silu_, ops::exp_, ops::log_,
+      // pointwise math, reductions, statistics and indexing of everyday code
+      ops::erf, ops::erfinv, ops::atan2, ops::atan, ops::tan, ops::log1p, ops::expm1, ops::log2,
+      ops::log10, ops::round, ops::trunc, ops::frac, ops::isnan, ops::fmod_Tensor,
+      ops::fmod_Scalar, ops::bitwise_xor_Tensor, ops::pow_Scalar, ops::lerp_Scalar,
+      ops::lerp_Tensor, ops::addcmul, ops::addcdiv, ops::xlogy_Tensor, ops::min, ops::argmin,
+      ops::prod, ops::prod_dim_int, ops::cumprod, ops::median, ops::var_correction,
+      ops::std_correction, ops::var_mean_correction, ops::std_mean_correction,
+      ops::masked_fill__Tensor, ops::masked_scatter_, ops::index_copy, ops::index_fill__int_Scalar,
+      ops::bucketize_Tensor, ops::clamp_min__Tensor, ops::_cdist_forward,
+      // their backwards, and the losses of segmentation and binary classification
+      ops::upsample_nearest2d_backward, ops::upsample_bilinear2d_backward,
+      ops::upsample_bicubic2d_backward, ops::upsample_nearest1d_backward,
+      ops::upsample_linear1d_backward, ops::upsample_nearest3d_backward,
+      ops::upsample_trilinear3d_backward, ops::reflection_pad1d_backward,
+      ops::replication_pad1d_backward, ops::replication_pad2d_backward, ops::col2im,
+      ops::avg_pool2d_backward, ops::_adaptive_avg_pool2d_backward, ops::leaky_relu_backward,
+      ops::elu_backward, ops::softplus_backward, ops::hardswish_backward,
+      ops::hardsigmoid_backward, ops::mish_backward, ops::glu_backward,
+      ops::reflection_pad2d_backward, ops::_cdist_backward, ops::nll_loss2d_forward,
+      ops::nll_loss2d_backward, ops::binary_cross_entropy, ops::binary_cross_entropy_backward,
+      ops::huber_loss, ops::huber_loss_backward,
       ops::_local_scalar_dense, ops::max_pool2d_with_indices, ops::native_group_norm,
       ops::silu_backward, ops::sigmoid_backward, ops::tanh_backward, ops::hardtanh_backward,
       ops::max_pool2d_with_indices_backward, ops::native_group_norm_backward,
@@ -101,9 +131,11 @@ void register_kernels(torch::Library& aten) {
   detail::register_direct_kernel<Adapter, ops::native_batch_norm, detail::BatchNormOnTarget>(aten);
   detail::register_direct_kernel<Adapter, ops::native_batch_norm_backward,
                                  detail::BatchNormBackwardOnTarget>(aten);
+  // A composite: its kernel for the backend's autograd key comes with it.
   if (detail::register_direct_kernel<Adapter, ops::_batch_norm_impl_index,
                                      detail::TargetKernel<ops::_batch_norm_impl_index>,
-                                     detail::BatchNormImplIndex>(aten)) {
+                                     detail::BatchNormImplIndex, /*over_decomposition=*/true>(
+          aten)) {
     detail::BatchNormImplIndex::register_autograd(device_type);
   }
   for (const std::string& name : ops_run_whole()) {

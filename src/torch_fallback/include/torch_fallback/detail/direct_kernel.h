@@ -3,7 +3,30 @@
 // register_kernels registers, and what they need. Not part of the stable API.
 #include "../fallback.h"
 
+#include <ATen/ops/_adaptive_avg_pool2d_backward_ops.h>
+#include <ATen/ops/_adaptive_avg_pool2d_ops.h>
+#include <ATen/ops/addcdiv_ops.h>
+#include <ATen/ops/addcmul_ops.h>
+#include <ATen/ops/argmin_ops.h>
+#include <ATen/ops/atan2_ops.h>
+#include <ATen/ops/atan_ops.h>
+#include <ATen/ops/avg_pool2d_backward_ops.h>
+#include <ATen/ops/avg_pool2d_ops.h>
 #include <ATen/ops/_batch_norm_impl_index_ops.h>
+#include <ATen/ops/binary_cross_entropy_backward_ops.h>
+#include <ATen/ops/binary_cross_entropy_ops.h>
+#include <ATen/ops/bitwise_xor_ops.h>
+#include <ATen/ops/bucketize_ops.h>
+#include <ATen/ops/_cdist_backward_ops.h>
+#include <ATen/ops/_cdist_forward_ops.h>
+#include <ATen/ops/cumprod_ops.h>
+#include <ATen/ops/elu_backward_ops.h>
+#include <ATen/ops/elu_ops.h>
+#include <ATen/ops/erf_ops.h>
+#include <ATen/ops/erfinv_ops.h>
+#include <ATen/ops/expm1_ops.h>
+#include <ATen/ops/flip_ops.h>
+#include <ATen/ops/fmod_ops.h>
 #include <ATen/ops/_foreach_add_ops.h>
 #include <ATen/ops/_foreach_addcdiv_ops.h>
 #include <ATen/ops/_foreach_addcmul_ops.h>
@@ -14,11 +37,47 @@
 #include <ATen/ops/_foreach_norm_ops.h>
 #include <ATen/ops/_foreach_sqrt_ops.h>
 #include <ATen/ops/_foreach_zero_ops.h>
+#include <ATen/ops/frac_ops.h>
 #include <ATen/ops/_fused_sdp_choice_ops.h>
+#include <ATen/ops/glu_backward_ops.h>
+#include <ATen/ops/glu_ops.h>
+#include <ATen/ops/hardsigmoid_backward_ops.h>
+#include <ATen/ops/hardsigmoid_ops.h>
+#include <ATen/ops/hardswish_backward_ops.h>
+#include <ATen/ops/hardswish_ops.h>
+#include <ATen/ops/huber_loss_backward_ops.h>
+#include <ATen/ops/huber_loss_ops.h>
+#include <ATen/ops/im2col_ops.h>
+#include <ATen/ops/index_copy_ops.h>
+#include <ATen/ops/index_fill_ops.h>
 #include <ATen/ops/_index_put_impl_ops.h>
+#include <ATen/ops/isnan_ops.h>
+#include <ATen/ops/leaky_relu_backward_ops.h>
+#include <ATen/ops/leaky_relu_ops.h>
+#include <ATen/ops/lerp_ops.h>
 #include <ATen/ops/_local_scalar_dense_ops.h>
+#include <ATen/ops/log10_ops.h>
+#include <ATen/ops/log1p_ops.h>
+#include <ATen/ops/log2_ops.h>
 #include <ATen/ops/_log_softmax_ops.h>
 #include <ATen/ops/_log_softmax_backward_data_ops.h>
+#include <ATen/ops/masked_scatter_ops.h>
+#include <ATen/ops/median_ops.h>
+#include <ATen/ops/mish_backward_ops.h>
+#include <ATen/ops/mish_ops.h>
+#include <ATen/ops/nll_loss2d_backward_ops.h>
+#include <ATen/ops/nll_loss2d_forward_ops.h>
+#include <ATen/ops/prod_ops.h>
+#include <ATen/ops/reflection_pad1d_ops.h>
+#include <ATen/ops/reflection_pad1d_backward_ops.h>
+#include <ATen/ops/reflection_pad2d_backward_ops.h>
+#include <ATen/ops/reflection_pad2d_ops.h>
+#include <ATen/ops/replication_pad1d_ops.h>
+#include <ATen/ops/replication_pad1d_backward_ops.h>
+#include <ATen/ops/replication_pad2d_ops.h>
+#include <ATen/ops/replication_pad2d_backward_ops.h>
+#include <ATen/ops/roll_ops.h>
+#include <ATen/ops/round_ops.h>
 #include <ATen/ops/_scaled_dot_product_cudnn_attention_ops.h>
 #include <ATen/ops/_scaled_dot_product_cudnn_attention_backward_ops.h>
 #include <ATen/ops/_scaled_dot_product_efficient_attention_ops.h>
@@ -29,6 +88,28 @@
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward_ops.h>
 #include <ATen/ops/_softmax_ops.h>
 #include <ATen/ops/_softmax_backward_data_ops.h>
+#include <ATen/ops/softplus_backward_ops.h>
+#include <ATen/ops/softplus_ops.h>
+#include <ATen/ops/std_mean_ops.h>
+#include <ATen/ops/std_ops.h>
+#include <ATen/ops/tan_ops.h>
+#include <ATen/ops/trunc_ops.h>
+#include <ATen/ops/upsample_bicubic2d_ops.h>
+#include <ATen/ops/upsample_bicubic2d_backward_ops.h>
+#include <ATen/ops/upsample_bilinear2d_backward_ops.h>
+#include <ATen/ops/upsample_bilinear2d_ops.h>
+#include <ATen/ops/upsample_linear1d_ops.h>
+#include <ATen/ops/upsample_linear1d_backward_ops.h>
+#include <ATen/ops/upsample_nearest1d_ops.h>
+#include <ATen/ops/upsample_nearest1d_backward_ops.h>
+#include <ATen/ops/upsample_nearest2d_backward_ops.h>
+#include <ATen/ops/upsample_nearest2d_ops.h>
+#include <ATen/ops/upsample_nearest3d_ops.h>
+#include <ATen/ops/upsample_nearest3d_backward_ops.h>
+#include <ATen/ops/upsample_trilinear3d_ops.h>
+#include <ATen/ops/upsample_trilinear3d_backward_ops.h>
+#include <ATen/ops/var_mean_ops.h>
+#include <ATen/ops/var_ops.h>
 #include <ATen/ops/_weight_norm_interface_ops.h>
 #include <ATen/ops/abs_ops.h>
 #include <ATen/ops/add_ops.h>
@@ -48,6 +129,7 @@
 #include <ATen/ops/ceil_ops.h>
 #include <ATen/ops/clamp_ops.h>
 #include <ATen/ops/clamp_min_ops.h>
+#include <ATen/ops/col2im_ops.h>
 #include <ATen/ops/_convolution_ops.h>
 #include <ATen/ops/convolution_backward_ops.h>
 #include <ATen/ops/cos_ops.h>
@@ -131,6 +213,7 @@
 #include <ATen/ops/tril_ops.h>
 #include <ATen/ops/triu_ops.h>
 #include <ATen/ops/where_ops.h>
+#include <ATen/ops/xlogy_ops.h>
 #include <ATen/ops/zero_ops.h>
 #include <ATen/core/boxing/impl/boxing.h>
 #include <c10/util/DimVector.h>
@@ -155,6 +238,11 @@ TORCH_FALLBACK_API void register_math_bit_fallthroughs();
 // Whether `aten::<name>` ("op" or "op.overload") has a kernel of its own for the
 // dispatch key of `device_type`.
 TORCH_FALLBACK_API bool has_kernel(const std::string& name, c10::DeviceType device_type);
+// Whether this torch decomposes `aten::<name>` above the backends (a
+// CompositeImplicitAutograd kernel) and the library leaves it so (it is not one of
+// the ops run whole): a backend kernel for it would take its autograd away
+// (Autograd<backend> then no longer runs the decomposition), so it gets none.
+TORCH_FALLBACK_API bool decomposes_above_backends(const std::string& name);
 // The autograd key of `device_type`'s backend, and `kernel` registered there for
 // `aten::<name>` (the library that holds it lives as long as the process).
 TORCH_FALLBACK_API c10::DispatchKey autograd_key(c10::DeviceType device_type);
@@ -478,13 +566,15 @@ struct DirectKernel<Adapter, Op, Run, Otherwise, Result(Args...)> {
   }
 };
 
-// Whether the kernel was registered: not where the backend has its own.
+// Whether the kernel was registered: not where the backend has its own, nor
+// (unless `over_decomposition`) where this torch decomposes the op above the backends.
 template <const BackendAdapter& (*Adapter)(), typename Op, typename Run = TargetKernel<Op>,
-          typename Otherwise = void>
+          typename Otherwise = void, bool over_decomposition = false>
 bool register_direct_kernel(torch::Library& aten) {
   std::string name = std::string(Op::name).substr(std::string("aten::").size());
   if (*Op::overload_name != '\0') name += std::string(".") + Op::overload_name;
   if (has_kernel(name, Adapter().device_type)) return false;
+  if (!over_decomposition && decomposes_above_backends(name)) return false;
   using Kernel = DirectKernel<Adapter, Op, Run, Otherwise>;
   aten.impl(name.c_str(), TORCH_FN(Kernel::call));
   return true;

@@ -1,0 +1,117 @@
+"""The ops of everyday vision, audio and numerical code, and their backwards, run
+unboxed too (DirectKernel).
+
+Resizing and padding (UNets, detection necks, vocoders), pooling, the activations of
+mobile and detection networks, in-place activations (``nn.ReLU(inplace=True)``), shifted
+windows, statistics, the losses of segmentation and binary classification: each call
+of an op without an unboxed kernel pays the boxed fallback's host time. Each case must
+give eager's values and gradients, and make no boxed call an unboxed kernel could have
+served where relay's memory is on the target.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from checks import assert_same, run_both, served_unboxed
+
+import torch_fallback.relay  # noqa: F401  (registers the relay device)
+from torch_fallback.testing.calls import boxed_calls, unservable_boxed_calls
+
+pytestmark = pytest.mark.usefixtures("placement")
+
+IMAGE = (2, 4, 5, 5)
+
+# name -> a function of one float64 tensor of shape IMAGE, differentiable in it
+CALLS = {
+    "upsample nearest": lambda x: F.interpolate(x, scale_factor=2),
+    "upsample bilinear": lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"),
+    "upsample bicubic": lambda x: F.interpolate(x, size=7, mode="bicubic", align_corners=True),
+    "upsample 1d and 3d": lambda x: (
+        F.interpolate(x.flatten(2), scale_factor=2, mode="linear"),
+        F.interpolate(x.flatten(2), scale_factor=2),
+        F.interpolate(x.unsqueeze(2), scale_factor=2),
+        F.interpolate(x.unsqueeze(2), scale_factor=2, mode="trilinear"),
+    ),
+    "reflection pad": lambda x: (F.pad(x, (1, 2, 2, 1), mode="reflect"),
+                                 F.pad(x.flatten(2), (2, 1), mode="reflect")),
+    "replication pad": lambda x: (F.pad(x, (1, 2, 2, 1), mode="replicate"),
+                                  F.pad(x.flatten(2), (2, 1), mode="replicate")),
+    "pooling": lambda x: (F.avg_pool2d(x, 2), F.adaptive_avg_pool2d(x, 3)),
+    "unfold and fold": lambda x: F.fold(F.unfold(x, 2), (5, 5), 2),
+    "shifted windows": lambda x: torch.roll(x, (2, -1), (2, 3)) + torch.flip(x, (3,)),
+    "activations": lambda x: (F.softplus(x), F.elu(x), F.leaky_relu(x, 0.1), F.hardswish(x),
+                              F.hardsigmoid(x), F.glu(x, 1), F.mish(x)),
+    "in-place activations": lambda x: (F.relu(x * 1, inplace=True), F.silu(x * 1, inplace=True),
+                                       torch.sigmoid_(x * 1), torch.tanh_(x * 1)),
+    "pointwise": lambda x: (torch.erf(x), torch.atan2(x, x + 3), torch.atan(x), torch.tan(x / 4),
+                            x.abs().log1p(), torch.expm1(x), x.abs().add(1).log2(),
+                            x.abs().add(1).log10(), torch.lerp(x, 2 * x, 0.3),
+                            torch.addcmul(x, x, x, value=0.5), torch.addcdiv(x, x, x.exp()),
+                            torch.xlogy(x.abs(), x.abs() + 1), torch.erfinv(x.tanh() * 0.9)),
+    "statistics": lambda x: (x.var(1), x.std(), *torch.var_mean(x, (2, 3)),
+                             *torch.std_mean(x, 1), x.prod(1), x.cumprod(3), x.median(),
+                             x.min(), torch.logsumexp(x, 1)),
+    "losses": lambda x: (F.binary_cross_entropy(x.sigmoid(), torch.rand_like(x)),
+                         F.huber_loss(x, torch.zeros_like(x)),
+                         F.cross_entropy(x, (x[:, 0] > 0).long())),
+    "distances": lambda x: (torch.cdist(x[0, 0], x[1, 0]),
+                            F.cosine_similarity(x[0], x[1], dim=0)),
+    "masks and indexing": lambda x: (
+        x.masked_fill(x > 0.5, torch.tensor(0.25, dtype=x.dtype, device=x.device)),
+        torch.zeros_like(x).masked_scatter(x > 0, x),
+        torch.zeros(2, 6, 5, 5, dtype=x.dtype, device=x.device).index_copy(
+            1, torch.tensor([5, 0, 3, 1], device=x.device), x),
+        x.index_fill(1, torch.tensor([2], device=x.device), -1.0),
+    ),
+}  # fmt: skip
+
+# name -> a function of one float64 tensor of shape IMAGE, for integer or boolean results
+INTEGER_CALLS = {
+    "rounding and tests": lambda x: (torch.round(x * 4), torch.trunc(x * 4), torch.frac(x * 4),
+                                     torch.isnan(x.log()), x.argmin(), 2 ** x.round(),
+                                     torch.fmod(x * 4, 1.5), torch.fmod(x * 4, x.abs() + 1)),
+    "bits and buckets": lambda x: (
+        (x > 0).long() ^ (x < 0.5).long(),
+        torch.bucketize(x, torch.tensor([-1.0, 0.0, 1.0], dtype=x.dtype, device=x.device)),
+    ),
+}  # fmt: skip
+
+
+def with_gradient(fn):
+    """fn's outputs and the gradient of their sum with respect to its input."""
+
+    def call(on):
+        x = on(torch.randn(*IMAGE, dtype=torch.float64)).requires_grad_()
+        outputs = fn(x)
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        total = sum(output.sum() for output in outputs)
+        (grad,) = torch.autograd.grad(total, x)
+        return *(output.detach() for output in outputs), grad
+
+    return call
+
+
+def assert_unboxed_where_served(placement) -> None:
+    if served_unboxed(placement):
+        boxed = unservable_boxed_calls()
+        assert not boxed, f"boxed calls an unboxed kernel could serve: {boxed}"
+    else:
+        assert boxed_calls(), "no boxed call where relay's memory is off the target"
+
+
+@pytest.mark.parametrize("name", sorted(CALLS))
+def test_an_everyday_op_and_its_backward_match_eager_unboxed(placement, name):
+    actual, expected = run_both(with_gradient(CALLS[name]))
+    assert_same(actual, expected)
+    assert_unboxed_where_served(placement)
+
+
+@pytest.mark.parametrize("name", sorted(INTEGER_CALLS))
+def test_an_everyday_op_with_exact_results_matches_eager_unboxed(placement, name):
+    actual, expected = run_both(
+        lambda on: INTEGER_CALLS[name](on(torch.randn(*IMAGE, dtype=torch.float64)))
+    )
+    assert_same(actual, expected)
+    assert_unboxed_where_served(placement)
