@@ -115,3 +115,37 @@ def test_an_everyday_op_with_exact_results_matches_eager_unboxed(placement, name
     )
     assert_same(actual, expected)
     assert_unboxed_where_served(placement)
+
+
+# name -> a draw from a (2, 50) tensor of probabilities and a generator (None: the default)
+RANDOM_DRAWS = {
+    "multinomial": lambda p, g: torch.multinomial(p, 4, generator=g),
+    "normal_": lambda p, g: torch.empty_like(p).normal_(0.5, 2.0, generator=g),
+    "uniform_": lambda p, g: torch.empty_like(p).uniform_(-1.0, 3.0, generator=g),
+    "bernoulli": lambda p, g: torch.bernoulli(p, generator=g),
+    "bernoulli_": lambda p, g: torch.empty_like(p).bernoulli_(0.3, generator=g),
+    "exponential_": lambda p, g: torch.empty_like(p).exponential_(generator=g),
+}
+
+
+@pytest.mark.parametrize("generator", ["default", "seeded"])
+@pytest.mark.parametrize("name", sorted(RANDOM_DRAWS))
+def test_a_random_draw_equals_eagers_on_the_target_unboxed(placement, name, generator):
+    # relay's generators draw from the target's: the same numbers as eager there,
+    # whichever engine serves the call.
+    def draw(device: str) -> torch.Tensor:
+        torch.manual_seed(0)
+        probabilities = torch.rand(2, 50).to(device)
+        seeded = torch.Generator(device).manual_seed(7) if generator == "seeded" else None
+        return RANDOM_DRAWS[name](probabilities, seeded)
+
+    expected = draw(placement.target)
+    actual = draw("relay")
+    assert actual.device.type == "relay" and actual.dtype == expected.dtype
+    assert torch.equal(actual.cpu(), expected.cpu())
+    assert_unboxed_where_served(placement)
+
+
+def test_a_generator_of_another_device_is_refused_as_eager_refuses_it(placement):
+    with pytest.raises(RuntimeError, match="Expected a 'relay' device type for generator"):
+        torch.empty(3, device="relay").uniform_(generator=torch.Generator())

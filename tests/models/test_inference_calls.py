@@ -4,7 +4,7 @@ and of its ``generate()``, greedy or not, has an unboxed kernel on relay.
 A boxed call costs several times an unboxed one's host time, and a decode loop makes
 its calls once per token: one op left to the boxed fallback (generate()'s stopping
 check, beam search's index split, a sampling filter's sort) shows in every token.
-Random draws (multinomial) and out= ops are the boxed fallback's by design. Where
+The random draws (multinomial) run unboxed too; out= ops are the boxed fallback's. Where
 relay's memory is not on the fallback's target, every call is boxed: it copies the
 tensors there.
 """
@@ -61,7 +61,7 @@ def test_inference_makes_no_boxed_call_where_relay_memory_is_on_the_target(name,
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 @pytest.mark.parametrize("name", [_param(name) for name in DECODERS])
-def test_every_decoding_strategy_makes_no_boxed_call_but_its_draws(name, strategy, placement):
+def test_every_decoding_strategy_makes_no_boxed_call(name, strategy, placement):
     model, case = zoo.make_case(name, 0)
     model.to("relay").eval()
     prompt = {key: value.to("relay") for key, value in case["prompt"].items()}

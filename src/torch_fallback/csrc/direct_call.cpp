@@ -123,6 +123,18 @@ void DirectCall::offer(std::optional<c10::ScalarType> dtype) {
   usable_ = usable_ && !(dtype && c10::isQIntType(*dtype));
 }
 
+void DirectCall::offer(const std::optional<at::Generator>& generator) {
+  if (generator.has_value() && generator->defined() &&
+      generator->device().type() != backend_.device_type) {
+    usable_ = false;
+  }
+}
+
+std::optional<at::Generator> DirectCall::on_target(std::optional<at::Generator>& generator) {
+  if (backend_.target_generator == nullptr) return generator;
+  return backend_.target_generator(generator, *index_, target_);
+}
+
 bool DirectCall::start() {
   if (!usable_ || !rules_.runs_direct || !home_) return false;
   const c10::DeviceIndex index = backend_device_index(backend_, index_);

@@ -141,10 +141,10 @@ std::unique_ptr<OpRules> make_rules(const c10::OperatorHandle& op) {
   // size their output before, so that the target kernel resizes nothing.
   const bool sized_by_kernel =
       rules->full_name == "aten::arange.start_out" || rules->full_name == "aten::where.self_out";
+  // A generator is swapped for the target's as the boxed fallback swaps it.
   rules->runs_direct = (rules->resizable_arguments.empty() || sized_by_kernel) &&
-                       rules->generator_arguments.empty() && rules->layout_arguments.empty() &&
-                       !takes_a_device && !rules->returns_a_view &&
-                       rules->unservable_result.empty();
+                       rules->layout_arguments.empty() && !takes_a_device &&
+                       !rules->returns_a_view && rules->unservable_result.empty();
   rules->reads_on_home = rules->full_name == "aten::_local_scalar_dense";
   using c10::DispatchKey;
   rules->has_cpu_kernel = op.hasComputedKernelForDispatchKey(DispatchKey::CPU);

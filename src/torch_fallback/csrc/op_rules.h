@@ -50,8 +50,8 @@ struct OpRules {
   // _foreach_copy_, which copies between devices as CUDA's does (one copy_ per tensor).
   bool copies_between_devices = false;
   // An op a DirectCall may run: it writes no argument but in place (no out=,
-  // no resize, no hidden mutation), takes no generator, device or layout,
-  // returns no view, and a backend tensor can hold its results.
+  // no resize, no hidden mutation), takes no device or layout, returns no view,
+  // and a backend tensor can hold its results.
   bool runs_direct = false;
   // The op reads its tensor where the backend keeps it, whatever the target:
   // item() (_local_scalar_dense), whose result is a host number. On a GPU home

@@ -2,9 +2,9 @@
 loop, a training step) pays no boxed call.
 
 An unboxed kernel (register_kernels) serves a call whose tensors all live on the
-fallback's target; the boxed fallback serves the rest, at several times the host time.
-Random ops (they take a Generator, which the fallback swaps for the target's) and out=
-ops (their kernels may resize the output) are always the boxed fallback's.
+fallback's target; the boxed fallback serves the rest, at more host time. out= ops
+(their kernels may resize the output) and ops that take a device or a layout (factories)
+are always the boxed fallback's.
 
     torch_fallback.reset_metrics()
     model.generate(...)
@@ -29,16 +29,17 @@ def boxed_calls() -> dict[str, int]:
 
 def served_boxed_only(op: str) -> bool:
     """Whether `op` ("aten::name.overload") is one the unboxed kernels leave to the boxed
-    fallback by its schema: a random op or an out= op."""
+    fallback by its schema: an out= op, or one that takes a device or a layout."""
     name, _, overload = op.removeprefix("aten::").partition(".")
     schema = torch._C._get_schema(f"aten::{name}", overload)
     return any(
-        "Generator" in str(argument.type) or argument.is_out for argument in schema.arguments
+        argument.is_out or any(kind in str(argument.type) for kind in ("Device", "Layout"))
+        for argument in schema.arguments
     )
 
 
 def unservable_boxed_calls() -> dict[str, int]:
     """The boxed calls since the last reset_metrics() of ops an unboxed kernel could have
-    served (neither random nor out=), by op: empty where every such op has one and every
+    served (see served_boxed_only), by op: empty where every such op has one and every
     call's tensors lived on the target."""
     return {op: calls for op, calls in boxed_calls().items() if not served_boxed_only(op)}

@@ -112,6 +112,9 @@ void register_kernels(torch::Library& aten) {
       ops::std_correction, ops::var_mean_correction, ops::std_mean_correction,
       ops::masked_fill__Tensor, ops::masked_scatter_, ops::index_copy, ops::index_fill__int_Scalar,
       ops::bucketize_Tensor, ops::clamp_min__Tensor, ops::_cdist_forward,
+      // random draws: sampling, noise, stochastic depth, dropout of whole channels
+      ops::multinomial, ops::normal_, ops::uniform_, ops::bernoulli__float, ops::bernoulli,
+      ops::exponential_,
       // their backwards, and the losses of segmentation and binary classification
       ops::upsample_nearest2d_backward, ops::upsample_bilinear2d_backward,
       ops::upsample_bicubic2d_backward, ops::upsample_nearest1d_backward,

@@ -17,6 +17,7 @@
 #include <ATen/ops/binary_cross_entropy_ops.h>
 #include <ATen/ops/bitwise_xor_ops.h>
 #include <ATen/ops/bucketize_ops.h>
+#include <ATen/ops/bernoulli_ops.h>
 #include <ATen/ops/_cdist_backward_ops.h>
 #include <ATen/ops/_cdist_forward_ops.h>
 #include <ATen/ops/cumprod_ops.h>
@@ -138,6 +139,7 @@
 #include <ATen/ops/embedding_dense_backward_ops.h>
 #include <ATen/ops/eq_ops.h>
 #include <ATen/ops/exp_ops.h>
+#include <ATen/ops/exponential_ops.h>
 #include <ATen/ops/fill_ops.h>
 #include <ATen/ops/floor_ops.h>
 #include <ATen/ops/floor_divide_ops.h>
@@ -173,6 +175,7 @@
 #include <ATen/ops/mse_loss_backward_ops.h>
 #include <ATen/ops/mm_ops.h>
 #include <ATen/ops/mul_ops.h>
+#include <ATen/ops/multinomial_ops.h>
 #include <ATen/ops/native_batch_norm_ops.h>
 #include <ATen/ops/nansum_ops.h>
 #include <ATen/ops/native_batch_norm_backward_ops.h>
@@ -187,6 +190,7 @@
 #include <ATen/ops/nll_loss_backward_ops.h>
 #include <ATen/ops/nll_loss_forward_ops.h>
 #include <ATen/ops/nonzero_ops.h>
+#include <ATen/ops/normal_ops.h>
 #include <ATen/ops/pow_ops.h>
 #include <ATen/ops/reciprocal_ops.h>
 #include <ATen/ops/remainder_ops.h>
@@ -212,6 +216,7 @@
 #include <ATen/ops/topk_ops.h>
 #include <ATen/ops/tril_ops.h>
 #include <ATen/ops/triu_ops.h>
+#include <ATen/ops/uniform_ops.h>
 #include <ATen/ops/where_ops.h>
 #include <ATen/ops/xlogy_ops.h>
 #include <ATen/ops/zero_ops.h>
@@ -400,6 +405,9 @@ class TORCH_FALLBACK_API DirectCall {
   void offer(const at::ITensorListRef& tensors);  // cat's, which it only reads
   void offer(const c10::List<std::optional<at::Tensor>>& tensors);  // index's indices
   void offer(std::optional<c10::ScalarType> dtype);
+  // A random op's generator: none, or the backend's (another device's is the
+  // boxed fallback's to refuse, as eager refuses it).
+  void offer(const std::optional<at::Generator>& generator);
   void offer(c10::ScalarType dtype) { offer(std::optional<c10::ScalarType>(dtype)); }
   template <typename T>
   void offer(const T& /*not a tensor*/) {}
@@ -419,6 +427,9 @@ class TORCH_FALLBACK_API DirectCall {
     return tensor.has_value() ? std::optional<at::Tensor>(on_target(*tensor)) : tensor;
   }
   at::TensorList on_target(at::TensorList tensors);
+  // The target's generator that the backend's (or its default) draws from, as the
+  // boxed fallback swaps it (BackendAdapter::target_generator).
+  std::optional<at::Generator> on_target(std::optional<at::Generator>& generator);
   at::ITensorListRef on_target(const at::ITensorListRef& tensors);
   c10::List<std::optional<at::Tensor>> on_target(
       const c10::List<std::optional<at::Tensor>>& tensors);
