@@ -13,7 +13,8 @@ Side processes
     torch_fallback: relay's registered PrivateUse1 device breaks native CUDA autograd
     (pytorch/pytorch#161129). SideProcess keeps a side alive and asks it for
     one measurement at a time (serve() is the side's half); run_side() runs a side to
-    its end and returns the last row it emitted.
+    its end and returns the last row it emitted. On the relay side, fallback_calls()
+    counts one more step's fallback calls and the boxed ones among them.
 
 Output
     host_info() (date, Python, CPU, source version), add_output_options() (--json,
@@ -188,6 +189,20 @@ def run_side(script: str, side: str, argv: Sequence[str]) -> dict:
     if done.returncode or not rows:
         raise SystemExit(f"the {side} side failed (exit status {done.returncode}); see above")
     return rows[-1]
+
+
+def fallback_calls(call: Callable[[], object], sync: Callable[[], None] = no_sync) -> dict:
+    """The fallback calls of one more call of `call` (a step, a generate()): how many, and
+    the boxed ones by op (the unboxed kernels serve the others; a boxed call costs more
+    host time). For a side that imported torch_fallback."""
+    import torch_fallback
+    from torch_fallback.testing.calls import boxed_calls
+
+    torch_fallback.reset_metrics()
+    call()
+    sync()
+    calls = sum(m.calls for m in torch_fallback.metrics().values())
+    return {"calls": calls, "boxed": boxed_calls()}
 
 
 # Host facts.

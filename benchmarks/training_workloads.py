@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 
 import torch
-from harness import no_sync, time_calls
+from harness import fallback_calls, no_sync, time_calls
 from torch import nn
 
 # (model, small?) -> sizes. The full sizes are the issue's; --small is for CPU hosts.
@@ -335,19 +335,10 @@ def plan(side: str, device: str) -> list[dict]:
 _decode_calls: dict[tuple[str, str], dict[str, int]] = {}
 
 
-def fallback_calls(call: Callable[[], object], sync: Callable[[], None]) -> dict[str, int]:
-    """The fallback calls of one more call of `call` (a training step, a generate()), and
-    the boxed ones among them (each costs more host time than an unboxed one)."""
-    import torch_fallback
-
-    torch_fallback.reset_metrics()
-    call()
-    sync()
-    metrics = torch_fallback.metrics().values()
-    return {
-        "fallback_calls": sum(m.calls for m in metrics),
-        "boxed_calls": sum(m.calls - m.calls_unboxed for m in metrics),
-    }
+def counted_calls(call: Callable[[], object], sync: Callable[[], None]) -> dict[str, int]:
+    """The fallback calls of one more call of `call`, and the boxed ones among them."""
+    calls = fallback_calls(call, sync)
+    return {"fallback_calls": calls["calls"], "boxed_calls": sum(calls["boxed"].values())}
 
 
 def measure(spec: dict, args) -> dict:
@@ -371,7 +362,7 @@ def measure(spec: dict, args) -> dict:
         result, step = train_step(spec, args, sync)
         row["dtype"] = spec["dtype"]
         if fallback is not None:
-            result |= fallback_calls(step, sync)
+            result |= counted_calls(step, sync)
     elif spec["kind"] == "op":
         result = per_op(spec, args, sync)
     elif spec["kind"] == "decode":
@@ -379,7 +370,7 @@ def measure(spec: dict, args) -> dict:
         if fallback is not None:
             key = (spec["name"], spec["config"])
             if key not in _decode_calls:  # the same in every slice: counted once
-                _decode_calls[key] = fallback_calls(generator(spec, sync), sync)
+                _decode_calls[key] = counted_calls(generator(spec, sync), sync)
             result |= _decode_calls[key]
     elif spec["kind"] == "graph":
         result = graph_replay(spec, args, sync)

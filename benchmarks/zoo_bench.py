@@ -116,26 +116,11 @@ def side_main(args: argparse.Namespace) -> int:
         budget = args.budget / args.slices
         timed = {**row, "ms": harness.time_calls(call, sync, budget, max_repeats=None).median}
         if args.side == "relay" and (row["model"], row["mode"]) not in counted:
-            timed["fallback"] = fallback_calls(call, sync)  # the same in every round: once
+            timed["fallback"] = harness.fallback_calls(call, sync)  # the same in every round: once
             counted.add((row["model"], row["mode"]))
         return timed
 
     return harness.serve({"meta": meta}, plan, measure)
-
-
-def fallback_calls(call, sync) -> dict:
-    """The fallback calls of one more step: how many, and the boxed ones by op (the
-    unboxed kernels serve the others; a boxed call costs more host time)."""
-    import torch_fallback
-
-    torch_fallback.reset_metrics()
-    call()
-    sync()
-    metrics = torch_fallback.metrics()
-    boxed = {
-        op: m.calls - m.calls_unboxed for op, m in metrics.items() if m.calls > m.calls_unboxed
-    }
-    return {"calls": sum(m.calls for m in metrics.values()), "boxed": boxed}
 
 
 def run(args: argparse.Namespace, forwarded: list[str]) -> dict:

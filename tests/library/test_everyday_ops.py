@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from checks import assert_same, run_both, served_unboxed
 
 import torch_fallback.relay  # noqa: F401  (registers the relay device)
-from torch_fallback.testing.calls import boxed_calls, unservable_boxed_calls
+from torch_fallback.testing.calls import assert_served_as_placed
 
 pytestmark = pytest.mark.usefixtures("placement")
 
@@ -93,19 +93,11 @@ def with_gradient(fn):
     return call
 
 
-def assert_unboxed_where_served(placement) -> None:
-    if served_unboxed(placement):
-        boxed = unservable_boxed_calls()
-        assert not boxed, f"boxed calls an unboxed kernel could serve: {boxed}"
-    else:
-        assert boxed_calls(), "no boxed call where relay's memory is off the target"
-
-
 @pytest.mark.parametrize("name", sorted(CALLS))
 def test_an_everyday_op_and_its_backward_match_eager_unboxed(placement, name):
     actual, expected = run_both(with_gradient(CALLS[name]))
     assert_same(actual, expected)
-    assert_unboxed_where_served(placement)
+    assert_served_as_placed(served_unboxed(placement), name)
 
 
 @pytest.mark.parametrize("name", sorted(INTEGER_CALLS))
@@ -114,7 +106,7 @@ def test_an_everyday_op_with_exact_results_matches_eager_unboxed(placement, name
         lambda on: INTEGER_CALLS[name](on(torch.randn(*IMAGE, dtype=torch.float64)))
     )
     assert_same(actual, expected)
-    assert_unboxed_where_served(placement)
+    assert_served_as_placed(served_unboxed(placement), name)
 
 
 # name -> a draw from a (2, 50) tensor of probabilities and a generator (None: the default)
@@ -143,7 +135,7 @@ def test_a_random_draw_equals_eagers_on_the_target_unboxed(placement, name, gene
     actual = draw("relay")
     assert actual.device.type == "relay" and actual.dtype == expected.dtype
     assert torch.equal(actual.cpu(), expected.cpu())
-    assert_unboxed_where_served(placement)
+    assert_served_as_placed(served_unboxed(placement), name)
 
 
 def test_a_generator_of_another_device_is_refused_as_eager_refuses_it(placement):

@@ -20,7 +20,7 @@ from zoo_runner import run_inference
 
 import torch_fallback
 import torch_fallback.relay
-from torch_fallback.testing.calls import boxed_calls, unservable_boxed_calls
+from torch_fallback.testing.calls import assert_served_as_placed
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
 
@@ -40,25 +40,13 @@ def _param(name: str) -> object:
     return pytest.param(name, id=name, marks=() if name in zoo.CORE else pytest.mark.slow)
 
 
-def assert_served_as_placed(name: str, placement) -> None:
-    unboxed = {op for op, m in torch_fallback.metrics().items() if m.calls_unboxed}
-    if placement.target == placement.home:
-        assert unboxed, f"{name}: no call reached the unboxed kernels"
-        boxed = unservable_boxed_calls()
-        assert not boxed, f"{name} ({placement}): boxed calls an unboxed kernel could serve {boxed}"
-    else:
-        # item() reads where relay's memory is, whatever the target.
-        assert unboxed <= {"aten::_local_scalar_dense"}, f"{name} ({placement}): {unboxed}"
-        assert boxed_calls(), f"{name} ({placement}): no boxed call"
-
-
 @pytest.mark.parametrize("name", [_param(entry.name) for entry in zoo.ZOO])
 def test_inference_makes_no_boxed_call_where_relay_memory_is_on_the_target(name, placement):
     model, case = zoo.make_case(name, 0)
     model.to("relay")
     torch_fallback.reset_metrics()
     run_inference(name, model, case, "relay")
-    assert_served_as_placed(name, placement)
+    assert_served_as_placed(placement.target == placement.home, f"{name} ({placement})")
 
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
@@ -83,4 +71,4 @@ def test_every_decoding_strategy_gives_eagers_ids_and_makes_no_boxed_call(
     assert ids.device.type == "relay"
     if strategy not in SAMPLING or placement.target == "cpu":
         assert torch.equal(ids.cpu(), expected), f"{ids.tolist()} != {expected.tolist()}"
-    assert_served_as_placed(f"{name}, {strategy}", placement)
+    assert_served_as_placed(placement.target == placement.home, f"{name}, {strategy} ({placement})")

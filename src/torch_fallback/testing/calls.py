@@ -9,6 +9,8 @@ are always the boxed fallback's.
     torch_fallback.reset_metrics()
     model.generate(...)
     assert not unservable_boxed_calls(), "a decode step pays a boxed call"
+
+assert_served_as_placed() checks both that and its converse where the memory is elsewhere.
 """
 
 from __future__ import annotations
@@ -43,3 +45,23 @@ def unservable_boxed_calls() -> dict[str, int]:
     served (see served_boxed_only), by op: empty where every such op has one and every
     call's tensors lived on the target."""
     return {op: calls for op, calls in boxed_calls().items() if not served_boxed_only(op)}
+
+
+def unboxed_ops() -> set[str]:
+    """The ops an unboxed kernel served since the last reset_metrics()."""
+    return {op for op, m in torch_fallback.metrics().items() if m.calls_unboxed}
+
+
+def assert_served_as_placed(memory_on_target: bool, what: str = "the calls") -> None:
+    """Where the backend's memory lives on the fallback's target: some calls since the last
+    reset_metrics() ran unboxed, and none was boxed that an unboxed kernel could have
+    served. Elsewhere: calls were boxed (they copy to the target), and none ran unboxed
+    but item()'s, which reads where the memory is."""
+    unboxed = unboxed_ops()
+    if memory_on_target:
+        assert unboxed, f"{what}: no call reached the unboxed kernels"
+        boxed = unservable_boxed_calls()
+        assert not boxed, f"{what}: boxed calls an unboxed kernel could serve: {boxed}"
+    else:
+        assert unboxed <= {"aten::_local_scalar_dense"}, f"{what}: unboxed calls of {unboxed}"
+        assert boxed_calls(), f"{what}: no boxed call"
