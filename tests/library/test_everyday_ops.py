@@ -3,7 +3,9 @@ unboxed too (DirectKernel).
 
 Resizing and padding (UNets, detection necks, vocoders), pooling, the activations of
 mobile and detection networks, in-place activations (``nn.ReLU(inplace=True)``), shifted
-windows, statistics, the losses of segmentation and binary classification: each call
+windows, statistics, the losses of segmentation and binary classification, and the long tail
+(super-resolution, embedding bags, recurrent cells, spatial transformers, spectra, CTC,
+histograms, small linear algebra): each call
 of an op without an unboxed kernel pays the boxed fallback's host time. Each case must
 give eager's values and gradients, and make no boxed call an unboxed kernel could have
 served where relay's memory is on the target.
@@ -22,6 +24,16 @@ from torch_fallback.testing.calls import assert_served_as_placed
 pytestmark = pytest.mark.usefixtures("placement")
 
 IMAGE = (2, 4, 5, 5)
+
+def embedding_bags(weight, per_sample_weights):
+    """Two bags of four rows of weight, as the mean, the max and the weighted sum."""
+    indices = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9], device=weight.device)
+    offsets = torch.tensor([0, 4], device=weight.device)
+    return (F.embedding_bag(indices, weight, offsets, mode="mean"),
+            F.embedding_bag(indices, weight, offsets, mode="max"),
+            F.embedding_bag(indices, weight, offsets, mode="sum",
+                            per_sample_weights=per_sample_weights))  # fmt: skip
+
 
 # name -> a function of one float64 tensor of shape IMAGE, differentiable in it
 CALLS = {
@@ -64,7 +76,37 @@ CALLS = {
         torch.zeros(2, 6, 5, 5, dtype=x.dtype, device=x.device).index_copy(
             1, torch.tensor([5, 0, 3, 1], device=x.device), x),
         x.index_fill(1, torch.tensor([2], device=x.device), -1.0),
+        x.index_fill(1, torch.tensor([0, 3], device=x.device),
+                     torch.tensor(-2.0, dtype=x.dtype, device=x.device)),
     ),
+    "super-resolution": lambda x: (F.pixel_shuffle(x, 2), F.pixel_unshuffle(x[..., :4, :4], 2)),
+    "bags of embeddings": lambda x: embedding_bags(x.reshape(40, 5), x.flatten()[:8].sigmoid()),
+    "recurrent cells": lambda x: (
+        *torch.lstm_cell(x[0, 0], (x[1, 0], x[1, 1]), x[0].reshape(20, 5), x[1].reshape(20, 5),
+                         x[0, 2, 0].repeat(4), x[1, 2, 0].repeat(4)),
+        torch.gru_cell(x[0, 0], x[1, 0], x[0, :3].reshape(15, 5), x[1, :3].reshape(15, 5),
+                       x[0, 3, 0].repeat(3), x[1, 3, 0].repeat(3)),
+    ),
+    "shrinkage, PReLU and logit": lambda x: (F.hardshrink(x, 0.3), F.softshrink(x, 0.3),
+                                             F.prelu(x, x[0, :, 0, 0]),
+                                             torch.logit(x.sigmoid() * 0.8 + 0.1)),
+    "spatial transformers": lambda x: (F.adaptive_max_pool2d(x, 3),
+                                       F.grid_sample(x, x[:, :2].permute(0, 2, 3, 1).tanh(),
+                                                     align_corners=False)),
+    "spectra and CTC": lambda x: (
+        torch.fft.rfft(x).abs(), torch.fft.fft(x).real, torch.fft.irfft(torch.fft.rfft(x), n=5),
+        F.ctc_loss(x.reshape(10, 2, 10).log_softmax(2),
+                   torch.tensor([[1, 2, 3], [4, 5, 6]], device=x.device), [10, 10], [3, 3]),
+    ),
+    "small linear algebra": lambda x: (
+        torch.linalg.inv(x[0, 0] + 5 * torch.eye(5, dtype=x.dtype, device=x.device)),
+        torch.linalg.solve(x[0, 0] + 5 * torch.eye(5, dtype=x.dtype, device=x.device), x[1, 0]),
+        torch.trace(x[0, 0]), torch.mv(x[0, 0], x[1, 0, 0]),
+    ),
+    "more pointwise": lambda x: (torch.fmax(x, x.flip(0)), torch.fmin(x, x.flip(0)),
+                                 torch.copysign(x, x.flip(0)), torch.hypot(x, x.flip(0)),
+                                 F.pairwise_distance(x[0], x[1]),
+                                 F.margin_ranking_loss(x[0], x[1], torch.sign(x[1].detach()))),
 }  # fmt: skip
 
 # name -> a function of one float64 tensor of shape IMAGE, for integer or boolean results
@@ -75,6 +117,14 @@ INTEGER_CALLS = {
     "bits and buckets": lambda x: (
         (x > 0).long() ^ (x < 0.5).long(),
         torch.bucketize(x, torch.tensor([-1.0, 0.0, 1.0], dtype=x.dtype, device=x.device)),
+    ),
+    "histograms and counts": lambda x: (
+        torch.histc(x, 10, -2.0, 2.0), torch.bincount((x.abs() * 3).long().flatten()),
+        torch.searchsorted(torch.tensor([-1.0, 0.0, 1.0], dtype=x.dtype, device=x.device),
+                           x.flatten(1)),
+        torch.count_nonzero(x > 0, dim=1), *x.round().mode(1),
+        *torch.unique(x.round(), return_inverse=True, return_counts=True),
+        torch.heaviside(x.round(), x.flip(0)),
     ),
 }  # fmt: skip
 

@@ -40,11 +40,24 @@ def served_boxed_only(op: str) -> bool:
     )
 
 
+def has_target_kernels(op: str) -> bool:
+    """Whether `op` has a kernel of its own on each target its calls since the last
+    reset_metrics() ran on: where it has none (CUDA's fused recurrent cells on the CPU),
+    the boxed fallback runs a decomposition, which no unboxed kernel can."""
+    m = torch_fallback.metrics()[op]
+    targets = [key for key, calls in (("CPU", m.calls_cpu), ("CUDA", m.calls_cuda)) if calls]
+    return all(torch._C._dispatch_has_computed_kernel_for_dispatch_key(op, key) for key in targets)
+
+
 def unservable_boxed_calls() -> dict[str, int]:
     """The boxed calls since the last reset_metrics() of ops an unboxed kernel could have
-    served (see served_boxed_only), by op: empty where every such op has one and every
-    call's tensors lived on the target."""
-    return {op: calls for op, calls in boxed_calls().items() if not served_boxed_only(op)}
+    served (see served_boxed_only and has_target_kernels), by op: empty where every such
+    op has one and every call's tensors lived on the target."""
+    return {
+        op: calls
+        for op, calls in boxed_calls().items()
+        if not served_boxed_only(op) and has_target_kernels(op)
+    }
 
 
 def unboxed_ops() -> set[str]:

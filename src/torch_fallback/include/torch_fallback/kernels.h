@@ -131,6 +131,24 @@ void register_kernels(torch::Library& aten) {
       ops::silu_backward, ops::sigmoid_backward, ops::tanh_backward, ops::hardtanh_backward,
       ops::max_pool2d_with_indices_backward, ops::native_group_norm_backward,
       ops::embedding_dense_backward>(aten);
+  // The long tail of everyday code: super-resolution, bags of embeddings,
+  // recurrent cells (CUDA's fused ones), shrinkage and PReLU activations, spatial
+  // transformers, spectra and CTC, histograms and counts, small linear algebra.
+  detail::register_direct_kernels<
+      Adapter, ops::pixel_shuffle, ops::pixel_unshuffle, ops::_embedding_bag,
+      ops::_embedding_bag_forward_only, ops::_embedding_bag_backward,
+      ops::_embedding_bag_dense_backward,
+      ops::_embedding_bag_per_sample_weights_backward, ops::_thnn_fused_lstm_cell,
+      ops::_thnn_fused_lstm_cell_backward_impl, ops::_thnn_fused_gru_cell,
+      ops::_thnn_fused_gru_cell_backward, ops::_prelu_kernel, ops::_prelu_kernel_backward,
+      ops::hardshrink, ops::hardshrink_backward, ops::softshrink, ops::softshrink_backward,
+      ops::logit, ops::logit_backward, ops::adaptive_max_pool2d, ops::adaptive_max_pool2d_backward,
+      ops::grid_sampler_2d, ops::grid_sampler_2d_backward, ops::_fft_r2c, ops::_fft_c2c,
+      ops::_fft_c2r, ops::_ctc_loss, ops::_ctc_loss_backward, ops::_unique2,
+      ops::searchsorted_Tensor, ops::histc, ops::bincount, ops::mode,
+      ops::count_nonzero_dim_IntList, ops::trace, ops::linalg_inv_ex, ops::_linalg_solve_ex,
+      ops::linalg_lu_solve, ops::addmv_, ops::fmax, ops::fmin, ops::copysign_Tensor, ops::hypot,
+      ops::heaviside, ops::norm_ScalarOpt_dim, ops::clamp_min_, ops::index_fill__int_Tensor>(aten);
   detail::register_direct_kernel<Adapter, ops::native_batch_norm, detail::BatchNormOnTarget>(aten);
   detail::register_direct_kernel<Adapter, ops::native_batch_norm_backward,
                                  detail::BatchNormBackwardOnTarget>(aten);
