@@ -25,6 +25,7 @@ pytestmark = pytest.mark.usefixtures("placement")
 
 IMAGE = (2, 4, 5, 5)
 
+
 def embedding_bags(weight, per_sample_weights):
     """Two bags of four rows of weight, as the mean, the max and the weighted sum."""
     indices = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9], device=weight.device)
@@ -107,6 +108,49 @@ CALLS = {
                                  torch.copysign(x, x.flip(0)), torch.hypot(x, x.flip(0)),
                                  F.pairwise_distance(x[0], x[1]),
                                  F.margin_ranking_loss(x[0], x[1], torch.sign(x[1].detach()))),
+    "in-place pointwise and activations": lambda x: (
+        (x * 1).sin_(), (x * 1).cos_(), (x.abs() + 1).sqrt_(), (x.abs() + 1).rsqrt_(),
+        (x.abs() + 1).log1p_(), (x * 1).neg_(), (x.abs() + 1).reciprocal_(), (x * 1).exp2_(),
+        F.elu(x * 1, inplace=True), F.hardtanh(x * 1, inplace=True),
+        F.leaky_relu(x * 1, 0.1, inplace=True), F.hardswish(x * 1, inplace=True),
+        F.hardsigmoid(x * 1, inplace=True), F.mish(x * 1, inplace=True),
+        (x * 1).clamp_(max=0.5), (x * 1).clamp_(x.flip(0) - 1, x.flip(0) + 1),
+        (x * 1).lerp_(x.flip(0), 0.3), (x * 1).lerp_(x.flip(0), x.sigmoid()), (x * 1).pow_(2),
+        (x.abs() + 1).pow_(x.flip(0)), (x * 1).cumsum_(1), (x * 1).atan2_(x.flip(0) + 3),
+    ),
+    "hyperbolic, inverse trigonometric and special": lambda x: (
+        torch.asinh(x), torch.sinh(x), torch.cosh(x), torch.sinc(x), torch.acos(x.tanh() * 0.9),
+        torch.asin(x.tanh() * 0.9), torch.atanh(x.tanh() * 0.9), torch.acosh(x.abs() + 1.5),
+        torch.digamma(x.abs() + 1), torch.lgamma(x.abs() + 1), torch.polygamma(1, x.abs() + 1),
+        torch.special.i0(x), torch.special.i1(x), torch.special.i0e(x), torch.erfc(x),
+        torch.exp2(x), torch.logaddexp(x, x.flip(0)), torch.logaddexp2(x, x.flip(0)),
+        torch.clamp(x, max=0.5), torch.clamp(x, x.flip(0) * 0.1 - 0.5, x.flip(0) * 0.1 + 0.5),
+        torch.clamp_max(x, x.flip(0)), F.threshold(x, 0.1, -1.0),
+    ),
+    "cumulative and robust statistics": lambda x: (
+        x.cummax(3)[0], x.cummin(2)[0], x.logcumsumexp(1), x.flatten().nanmedian(),
+        torch.linalg.cross(x[0, 0, :3], x[1, 0, :3], dim=0), torch.dot(x[0, 0, 0], x[1, 0, 0]),
+        torch.vdot(x[0, 1, 0], x[1, 1, 0]), torch.renorm(x, 2, 1, 1.0),
+    ),
+    "3-d pooling, exact resizing and shuffles": lambda x: (
+        F.avg_pool3d(x.unsqueeze(0), 2), F.max_pool3d(x.unsqueeze(0), 2),
+        F.adaptive_avg_pool3d(x.unsqueeze(0), 2),
+        F.interpolate(x, scale_factor=2, mode="nearest-exact"),
+        F.interpolate(x.flatten(2), scale_factor=2, mode="nearest-exact"),
+        F.interpolate(x.unsqueeze(2), scale_factor=2, mode="nearest-exact"),
+        F.channel_shuffle(x, 2), F.max_unpool2d(*F.max_pool2d(x, 2, return_indices=True), 2, output_size=(5, 5)),
+    ),
+    "margin losses and flat indexing": lambda x: (
+        F.multi_margin_loss(x[:, :, 0, 0], torch.tensor([1, 3], device=x.device)),
+        torch.take(x, torch.tensor([0, 17, 99], device=x.device)),
+        x.index_add(1, torch.tensor([3, 0], device=x.device), x[:, :2]),
+        x.flatten().scatter_reduce(0, torch.tensor([0, 0, 5], device=x.device), x[0, 0, 0, :3],
+                                   "sum"),
+        torch.zeros_like(x).index_reduce_(1, torch.tensor([1, 1, 2, 0], device=x.device), x,
+                                          "mean"),
+        torch.narrow_copy(x, 1, 1, 2),
+        (x * 1).put_(torch.tensor([3, 40], device=x.device), x[0, 0, 0, :2]),
+    ),
 }  # fmt: skip
 
 # name -> a function of one float64 tensor of shape IMAGE, for integer or boolean results
@@ -125,6 +169,17 @@ INTEGER_CALLS = {
         torch.count_nonzero(x > 0, dim=1), *x.round().mode(1),
         *torch.unique(x.round(), return_inverse=True, return_counts=True),
         torch.heaviside(x.round(), x.flip(0)),
+    ),
+    "in-place comparisons, rounding and shifts": lambda x: (
+        (x * 1).lt_(0), (x * 1).ne_(0.5), (x * 4).round().eq_(0), (x * 1).ge_(0.1),
+        (x * 1).gt_(-0.1), (x * 1).le_(0.2), (x * 4).floor_(), (x * 4).ceil_(), (x * 4).round_(),
+        (x * 4).trunc_(), (x * 1).sign_(), (x * 4).remainder_(x.abs() + 1),
+        (x * 4).div_(x.abs() + 1, rounding_mode="floor"),
+        (x * 4).floor_divide_(x.abs() + 1), (x * 1).fill_(torch.tensor(0.5, dtype=x.dtype)),
+        (x * 4).long().bitwise_and_((x > 0).long() * 3), (x * 4).long().bitwise_or_(1),
+        (x * 4).long().bitwise_xor_(2), torch.bitwise_left_shift(x.abs().mul(4).long(), 2),
+        torch.bitwise_right_shift(x.abs().mul(40).long(), 2), torch.signbit(x),
+        *torch.aminmax(x, dim=1),
     ),
 }  # fmt: skip
 
@@ -167,6 +222,11 @@ RANDOM_DRAWS = {
     "bernoulli": lambda p, g: torch.bernoulli(p, generator=g),
     "bernoulli_": lambda p, g: torch.empty_like(p).bernoulli_(0.3, generator=g),
     "exponential_": lambda p, g: torch.empty_like(p).exponential_(generator=g),
+    "random_": lambda p, g: torch.empty_like(p).random_(generator=g),
+    "random_ to": lambda p, g: torch.empty_like(p).random_(10, generator=g),
+    "random_ from to": lambda p, g: torch.empty_like(p, dtype=torch.long).random_(
+        -5, 5, generator=g
+    ),
 }
 
 

@@ -149,6 +149,37 @@ void register_kernels(torch::Library& aten) {
       ops::count_nonzero_dim_IntList, ops::trace, ops::linalg_inv_ex, ops::_linalg_solve_ex,
       ops::linalg_lu_solve, ops::addmv_, ops::fmax, ops::fmin, ops::copysign_Tensor, ops::hypot,
       ops::heaviside, ops::norm_ScalarOpt_dim, ops::clamp_min_, ops::index_fill__int_Tensor>(aten);
+  // More of everyday code: the in-place forms of pointwise ops and activations,
+  // the remaining pointwise math (hyperbolic and inverse trigonometric functions,
+  // gamma functions, Bessel functions, shifts), cumulative and robust statistics,
+  // 3-d pooling, exact nearest resizing, channel shuffles, margin losses, unpooling,
+  // random integers and RReLU's noise, and indexing by flat position or reduction.
+  detail::register_direct_kernels<
+      Adapter, ops::_cummax_helper, ops::_cummin_helper, ops::_logcumsumexp, ops::linalg_cross,
+      ops::random__from, ops::random_, ops::random__to, ops::max_unpool2d,
+      ops::embedding_renorm_, ops::nanmedian, ops::ceil_, ops::floor_, ops::round_,
+      ops::trunc_, ops::lerp__Tensor, ops::lerp__Scalar, ops::aminmax, ops::logaddexp,
+      ops::logaddexp2, ops::asinh, ops::sinh, ops::cosh, ops::sinc, ops::acos, ops::asin,
+      ops::atanh, ops::acosh, ops::digamma, ops::lgamma, ops::polygamma, ops::threshold,
+      ops::avg_pool3d, ops::avg_pool3d_backward, ops::multi_margin_loss,
+      ops::multi_margin_loss_backward, ops::log1p_, ops::sqrt_, ops::rsqrt_, ops::neg_,
+      ops::reciprocal_, ops::sign_, ops::max_pool3d_with_indices,
+      ops::max_pool3d_with_indices_backward, ops::_adaptive_avg_pool3d,
+      ops::_adaptive_avg_pool3d_backward, ops::_upsample_nearest_exact1d,
+      ops::_upsample_nearest_exact2d, ops::_upsample_nearest_exact3d,
+      ops::_upsample_nearest_exact1d_backward, ops::_upsample_nearest_exact2d_backward,
+      ops::_upsample_nearest_exact3d_backward, ops::channel_shuffle, ops::dot, ops::vdot,
+      ops::renorm, ops::i0, ops::special_i1, ops::special_i1e, ops::special_i0e, ops::erfc, ops::exp2,
+      ops::signbit, ops::bitwise_left_shift_Tensor, ops::bitwise_right_shift_Tensor,
+      ops::bitwise_and__Tensor, ops::bitwise_or__Tensor, ops::bitwise_xor__Tensor,
+      ops::narrow_copy, ops::take, ops::put_, ops::index_reduce_, ops::scatter_reduce_two,
+      ops::scatter_reduce__two, ops::rrelu_with_noise, ops::clamp_max, ops::clamp_max_,
+      ops::clamp_max_Tensor, ops::clamp__Tensor, ops::clamp_Tensor, ops::pow__Scalar,
+      ops::pow__Tensor, ops::fill__Tensor, ops::cumsum_, ops::exp2_, ops::elu_, ops::hardtanh_,
+      ops::leaky_relu_, ops::gelu_, ops::hardswish_, ops::hardsigmoid_, ops::mish_, ops::sin_,
+      ops::cos_, ops::index_add, ops::lt__Scalar, ops::ne__Scalar, ops::eq__Scalar,
+      ops::ge__Scalar, ops::gt__Scalar, ops::le__Scalar, ops::atan2_, ops::remainder__Tensor,
+      ops::div__Tensor_mode, ops::floor_divide__Tensor>(aten);
   detail::register_direct_kernel<Adapter, ops::native_batch_norm, detail::BatchNormOnTarget>(aten);
   detail::register_direct_kernel<Adapter, ops::native_batch_norm_backward,
                                  detail::BatchNormBackwardOnTarget>(aten);
