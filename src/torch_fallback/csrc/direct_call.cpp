@@ -314,6 +314,16 @@ void DirectCall::add_context(c10::Error& error) const {
   add_target_context(error, rules_, target_);
 }
 
+at::Tensor HistcOnTarget::run(c10::DispatchKeySet keys, const at::Tensor& self, int64_t bins,
+                              const c10::Scalar& min, const c10::Scalar& max) {
+  if (keys.has(c10::DispatchKey::CUDA) ||
+      !at::isIntegralType(self.scalar_type(), /*includeBool=*/false)) {
+    return at::_ops::histc::redispatch(keys, self, bins, min, max);
+  }
+  return at::_ops::histc::redispatch(keys, self.to(at::kDouble), bins, min, max)
+      .to(self.scalar_type());
+}
+
 std::optional<c10::DimVector> broadcast_shape(std::initializer_list<c10::IntArrayRef> sizes) {
   size_t dims = 0;
   for (c10::IntArrayRef shape : sizes) dims = std::max(dims, shape.size());

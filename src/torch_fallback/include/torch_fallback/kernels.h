@@ -145,7 +145,7 @@ void register_kernels(torch::Library& aten) {
       ops::logit, ops::logit_backward, ops::adaptive_max_pool2d, ops::adaptive_max_pool2d_backward,
       ops::grid_sampler_2d, ops::grid_sampler_2d_backward, ops::_fft_r2c, ops::_fft_c2c,
       ops::_fft_c2r, ops::_ctc_loss, ops::_ctc_loss_backward, ops::_unique2,
-      ops::searchsorted_Tensor, ops::histc, ops::bincount, ops::mode,
+      ops::searchsorted_Tensor, ops::bincount, ops::mode,
       ops::count_nonzero_dim_IntList, ops::trace, ops::linalg_inv_ex, ops::_linalg_solve_ex,
       ops::linalg_lu_solve, ops::addmv_, ops::fmax, ops::fmin, ops::copysign_Tensor, ops::hypot,
       ops::heaviside, ops::norm_ScalarOpt_dim, ops::clamp_min_, ops::index_fill__int_Tensor>(aten);
@@ -180,6 +180,7 @@ void register_kernels(torch::Library& aten) {
       ops::cos_, ops::index_add, ops::lt__Scalar, ops::ne__Scalar, ops::eq__Scalar,
       ops::ge__Scalar, ops::gt__Scalar, ops::le__Scalar, ops::atan2_, ops::remainder__Tensor,
       ops::div__Tensor_mode, ops::floor_divide__Tensor>(aten);
+  detail::register_direct_kernel<Adapter, ops::histc, detail::HistcOnTarget>(aten);
   detail::register_direct_kernel<Adapter, ops::native_batch_norm, detail::BatchNormOnTarget>(aten);
   detail::register_direct_kernel<Adapter, ops::native_batch_norm_backward,
                                  detail::BatchNormBackwardOnTarget>(aten);

@@ -421,6 +421,13 @@ struct TORCH_FALLBACK_API BatchNormImplIndex {
   static void register_autograd(c10::DeviceType device_type);
 };
 
+// histc on the CPU target counts integer tensors as CUDA's kernel does (in double,
+// cast back to the input's dtype), as the boxed fallback counts them (cpu_runner).
+struct TORCH_FALLBACK_API HistcOnTarget {
+  static at::Tensor run(c10::DispatchKeySet keys, const at::Tensor& self, int64_t bins,
+                        const c10::Scalar& min, const c10::Scalar& max);
+};
+
 class TargetImplPool;
 
 // What both engines record of one call: its metrics (time, where it ran, bytes
