@@ -168,7 +168,8 @@ INTEGER_CALLS = {
         (x * 4).floor_divide_(x.abs() + 1), (x * 1).fill_(torch.tensor(0.5, dtype=x.dtype)),
         (x * 4).long().bitwise_and_((x > 0).long() * 3), (x * 4).long().bitwise_or_(1),
         (x * 4).long().bitwise_xor_(2), torch.bitwise_left_shift(x.abs().mul(4).long(), 2),
-        torch.bitwise_right_shift(x.abs().mul(40).long(), 2), torch.signbit(x),
+        torch.bitwise_right_shift(x.abs().mul(40).long(), 2), x.abs().mul(4).long() << 1,
+        x.abs().mul(40).long() >> (x > 0).long(), torch.signbit(x),
         *torch.aminmax(x, dim=1),
     ),
 }  # fmt: skip

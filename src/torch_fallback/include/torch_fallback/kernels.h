@@ -171,6 +171,8 @@ void register_kernels(torch::Library& aten) {
       ops::_upsample_nearest_exact3d_backward, ops::channel_shuffle, ops::dot, ops::vdot,
       ops::renorm, ops::i0, ops::special_i1, ops::special_i1e, ops::special_i0e, ops::erfc, ops::exp2,
       ops::signbit, ops::bitwise_left_shift_Tensor, ops::bitwise_right_shift_Tensor,
+      ops::__lshift___Scalar, ops::__lshift___Tensor, ops::__rshift___Scalar,
+      ops::__rshift___Tensor,
       ops::bitwise_and__Tensor, ops::bitwise_or__Tensor, ops::bitwise_xor__Tensor,
       ops::narrow_copy, ops::take, ops::put_, ops::index_reduce_, ops::scatter_reduce_two,
       ops::scatter_reduce__two, ops::rrelu_with_noise, ops::clamp_max, ops::clamp_max_,

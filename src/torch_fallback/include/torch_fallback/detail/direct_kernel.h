@@ -309,6 +309,8 @@
 #include <ATen/ops/i0_ops.h>
 #include <ATen/ops/special_i1_ops.h>
 #include <ATen/ops/special_i1e_ops.h>
+#include <ATen/ops/lshift_ops.h>
+#include <ATen/ops/rshift_ops.h>
 #include <ATen/ops/special_i0e_ops.h>
 #include <ATen/ops/erfc_ops.h>
 #include <ATen/ops/exp2_ops.h>
