@@ -6,8 +6,10 @@ plugin  a pytest plugin: the GPU and torch-build markers (requires_cuda,
         Enable it with ``pytest_plugins = ["torch_fallback.testing.plugin"]`` in the
         root conftest.py, or ``pytest -p torch_fallback.testing.plugin``.
 calls   which engine served a backend's calls: boxed_calls(), unboxed_ops(),
-        unservable_boxed_calls(), those an unboxed kernel could have served, and
-        assert_served_as_placed() (a launch-bound path's tests assert there are none).
+        unservable_boxed_calls(), those an unboxed kernel could have served (not out=,
+        no device or layout argument: served_boxed_only(); a kernel of their own on
+        their target: has_target_kernels()), and assert_served_as_placed() (a
+        launch-bound path's tests assert there are none).
 sweep   an OpInfo sweep: every op of PyTorch's OpInfo database on a backend's
         device against eager CPU/CUDA, in worker processes that survive crashes
         (``python -m torch_fallback.testing.sweep --help``).
