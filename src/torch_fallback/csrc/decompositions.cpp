@@ -313,16 +313,13 @@ void batch_norm_backward_elemt(const c10::OperatorHandle&, Stack* stack) {
   torch::jit::push(*stack, computed_as(grad_input, stored.scalar_type()));
 }
 
-// histc(self, bins, min, max) and histc.out(..., out): CUDA's kernel counts
-// integer tensors too (Hugging Face's MoE layers count expert indices with it on
-// any device but the CPU), the CPU's floating ones only. Counted in double,
-// which holds the integers and CUDA's bin arithmetic exactly below 2**53; the
-// result has the input's dtype, as CUDA's.
+// histc(self, bins, min, max) and histc.out(..., out) of integer tensors
+// (histc_counts_in_double).
 void histc_of_integers(const c10::OperatorHandle& op, Stack* stack) {
   const bool out_form = op.schema().arguments().size() == 5;
   c10::IValue& self_slot = (*stack)[stack->size() - (out_form ? 5 : 4)];
   const at::Tensor self = self_slot.toTensor();
-  if (!at::isIntegralType(self.scalar_type(), /*includeBool=*/false)) {
+  if (!histc_counts_in_double(self)) {
     op.callBoxed(stack);
     return;
   }
@@ -343,6 +340,10 @@ void histc_of_integers(const c10::OperatorHandle& op, Stack* stack) {
 }
 
 }  // namespace
+
+bool histc_counts_in_double(const at::Tensor& self) {
+  return at::isIntegralType(self.scalar_type(), /*includeBool=*/false);
+}
 
 Decomposition cpu_runner(const std::string& full_name) {
   if (full_name == "aten::histc" || full_name == "aten::histc.out") return &histc_of_integers;

@@ -6,6 +6,7 @@
 // target and a backward on the other agree. SyncBatchNorm's statistics and
 // elementwise ops, which it runs for PrivateUse1 tensors in training across
 // ranks. And CPU runs of ops whose CUDA kernels take dtypes the CPU's do not.
+#include <ATen/core/Tensor.h>
 #include <ATen/core/stack.h>
 
 #include <string>
@@ -20,6 +21,14 @@ using Decomposition = void (*)(const c10::OperatorHandle& op, torch::jit::Stack*
 
 // The CPU decomposition of `full_name` ("aten::op.overload"), or nullptr.
 Decomposition cpu_decomposition(const std::string& full_name);
+
+// Whether histc on the CPU target counts `self` in double: CUDA's kernel counts
+// integer tensors too (Hugging Face's MoE layers count expert indices with it on
+// any device but the CPU), the CPU's floating ones only. Double holds the integers
+// and CUDA's bin arithmetic exactly below 2**53; the result takes the input's
+// dtype, as CUDA's. The boxed fallback (cpu_runner) and the unboxed kernel
+// (HistcOnTarget) both count so.
+bool histc_counts_in_double(const at::Tensor& self);
 
 // How the boxed fallback runs `full_name` on the CPU target where CUDA's kernel
 // takes inputs that the CPU's refuses (histc of integers), or nullptr.

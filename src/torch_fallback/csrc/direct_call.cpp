@@ -4,6 +4,7 @@
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include "decompositions.h"
 #include "metrics.h"
 
 #include <algorithm>
@@ -316,8 +317,7 @@ void DirectCall::add_context(c10::Error& error) const {
 
 at::Tensor HistcOnTarget::run(c10::DispatchKeySet keys, const at::Tensor& self, int64_t bins,
                               const c10::Scalar& min, const c10::Scalar& max) {
-  if (keys.has(c10::DispatchKey::CUDA) ||
-      !at::isIntegralType(self.scalar_type(), /*includeBool=*/false)) {
+  if (keys.has(c10::DispatchKey::CUDA) || !histc_counts_in_double(self)) {
     return at::_ops::histc::redispatch(keys, self, bins, min, max);
   }
   return at::_ops::histc::redispatch(keys, self.to(at::kDouble), bins, min, max)

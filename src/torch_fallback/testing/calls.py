@@ -20,13 +20,11 @@ import torch
 import torch_fallback
 
 
-def boxed_calls() -> dict[str, int]:
-    """The calls the boxed fallback served since the last reset_metrics(), by op."""
-    return {
-        op: m.calls - m.calls_unboxed
-        for op, m in torch_fallback.metrics().items()
-        if m.calls > m.calls_unboxed
-    }
+def boxed_calls(metrics=None) -> dict[str, int]:
+    """The calls the boxed fallback served since the last reset_metrics(), by op
+    (`metrics`: torch_fallback.metrics(), if read already)."""
+    metrics = torch_fallback.metrics() if metrics is None else metrics
+    return {op: m.calls - m.calls_unboxed for op, m in metrics.items() if m.calls > m.calls_unboxed}
 
 
 def served_boxed_only(op: str) -> bool:
@@ -40,11 +38,12 @@ def served_boxed_only(op: str) -> bool:
     )
 
 
-def has_target_kernels(op: str) -> bool:
+def has_target_kernels(op: str, metrics=None) -> bool:
     """Whether `op` has a kernel of its own on each target its calls since the last
-    reset_metrics() ran on: where it has none (CUDA's fused recurrent cells on the CPU),
-    the boxed fallback runs a decomposition, which no unboxed kernel can."""
-    m = torch_fallback.metrics()[op]
+    reset_metrics() ran on (`metrics`: torch_fallback.metrics()[op], if read already):
+    where it has none (CUDA's fused recurrent cells on the CPU), the boxed fallback runs
+    a decomposition, which no unboxed kernel can."""
+    m = torch_fallback.metrics()[op] if metrics is None else metrics
     targets = [key for key, calls in (("CPU", m.calls_cpu), ("CUDA", m.calls_cuda)) if calls]
     return all(torch._C._dispatch_has_computed_kernel_for_dispatch_key(op, key) for key in targets)
 
@@ -53,10 +52,11 @@ def unservable_boxed_calls() -> dict[str, int]:
     """The boxed calls since the last reset_metrics() of ops an unboxed kernel could have
     served (see served_boxed_only and has_target_kernels), by op: empty where every such
     op has one and every call's tensors lived on the target."""
+    metrics = torch_fallback.metrics()
     return {
         op: calls
-        for op, calls in boxed_calls().items()
-        if not served_boxed_only(op) and has_target_kernels(op)
+        for op, calls in boxed_calls(metrics).items()
+        if not served_boxed_only(op) and has_target_kernels(op, metrics[op])
     }
 
 

@@ -423,8 +423,8 @@ struct TORCH_FALLBACK_API BatchNormImplIndex {
   static void register_autograd(c10::DeviceType device_type);
 };
 
-// histc on the CPU target counts integer tensors as CUDA's kernel does (in double,
-// cast back to the input's dtype), as the boxed fallback counts them (cpu_runner).
+// histc on the CPU target counts integer tensors as CUDA's kernel does, as the
+// boxed fallback counts them (histc_counts_in_double).
 struct TORCH_FALLBACK_API HistcOnTarget {
   static at::Tensor run(c10::DispatchKeySet keys, const at::Tensor& self, int64_t bins,
                         const c10::Scalar& min, const c10::Scalar& max);
